@@ -1,0 +1,180 @@
+//! [`StoreError`]: everything a store operation can answer besides success.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::time::Duration;
+
+use crate::key::RecordKey;
+use crate::record::State;
+use crate::token::Fence;
+
+/// A boxed error kept as the source of a [`StoreError`].
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// Why a store refused a holder's transition (heartbeat, complete, fail, release): the holder
+/// lost its claim, or the record is not in a state that allows the step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// There is no record under the key any more (it expired or was deleted).
+    NotFound,
+    /// Another attempt holds (or held) the key: the record's fence or owner differs.
+    Superseded {
+        /// The fence of the record as it is now.
+        current: Fence,
+    },
+    /// The holder's lease ran out and the store runs in strict mode.
+    LeaseExpired,
+    /// The record was already settled with another outcome (a complete after a permanent fail,
+    /// a release after a complete).
+    AlreadySettled {
+        /// The state the record is in.
+        state: State,
+    },
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rejection::NotFound => f.write_str("the record no longer exists"),
+            Rejection::Superseded { current } => {
+                write!(f, "the key is held by a newer attempt (fence {current})")
+            }
+            Rejection::LeaseExpired => f.write_str("the lease ran out"),
+            Rejection::AlreadySettled { state } => write!(f, "the record is already {state}"),
+        }
+    }
+}
+
+/// What a store operation can fail with.
+///
+/// Every variant answers [`StoreError::is_retryable`]: whether the same call may succeed later.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The store cannot be reached (connection refused or lost, server down).
+    #[error("store unavailable: {source}")]
+    Unavailable {
+        /// The underlying error.
+        #[source]
+        source: BoxError,
+    },
+    /// The store did not answer within the configured time.
+    #[error("store operation {op} timed out after {after:?}")]
+    Timeout {
+        /// The operation that timed out.
+        op: &'static str,
+        /// The configured limit.
+        after: Duration,
+    },
+    /// A stored record cannot be decoded or breaks the record invariants.
+    #[error("corrupt record at {key}: {reason}")]
+    Corrupt {
+        /// The record's key, as text.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The holder's transition was refused: its claim is lost or the record is settled.
+    #[error("transition refused: {0}")]
+    Rejected(Rejection),
+    /// The store is full of records it may not evict (records in flight).
+    #[error("store full: {limit} records, none of which may be evicted")]
+    Capacity {
+        /// The configured capacity.
+        limit: usize,
+    },
+    /// A value is too large for the store.
+    #[error("value of {size} bytes is over the store's limit of {limit} bytes")]
+    TooLarge {
+        /// The size offered.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// Any other error of the backend.
+    #[error("store backend error: {source}")]
+    Backend {
+        /// The underlying error.
+        #[source]
+        source: BoxError,
+        /// Whether the same call may succeed later.
+        retryable: bool,
+    },
+}
+
+impl StoreError {
+    /// Whether the same call may succeed later (the store was unreachable, slow or full).
+    #[must_use]
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            StoreError::Unavailable { .. }
+            | StoreError::Timeout { .. }
+            | StoreError::Capacity { .. } => true,
+            StoreError::Backend { retryable, .. } => *retryable,
+            StoreError::Corrupt { .. } | StoreError::Rejected(_) | StoreError::TooLarge { .. } => {
+                false
+            }
+        }
+    }
+
+    /// The rejection, if this error is one.
+    #[must_use]
+    pub fn rejection(&self) -> Option<Rejection> {
+        match self {
+            StoreError::Rejected(rejection) => Some(*rejection),
+            _ => None,
+        }
+    }
+
+    /// A short, stable name of the variant for metrics labels and logs.
+    #[must_use]
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Unavailable { .. } => "unavailable",
+            StoreError::Timeout { .. } => "timeout",
+            StoreError::Corrupt { .. } => "corrupt",
+            StoreError::Rejected(_) => "rejected",
+            StoreError::Capacity { .. } => "capacity",
+            StoreError::TooLarge { .. } => "too_large",
+            StoreError::Backend { .. } => "backend",
+        }
+    }
+
+    /// A [`StoreError::Corrupt`] for the record at `key`.
+    #[must_use]
+    pub fn corrupt(key: &RecordKey, reason: impl Into<String>) -> Self {
+        StoreError::Corrupt {
+            key: key.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    /// A [`StoreError::Unavailable`] keeping `source`.
+    #[must_use]
+    pub fn unavailable(source: impl Into<BoxError>) -> Self {
+        StoreError::Unavailable {
+            source: source.into(),
+        }
+    }
+}
+
+impl From<Rejection> for StoreError {
+    fn from(rejection: Rejection) -> Self {
+        StoreError::Rejected(rejection)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retryability_is_answered() {
+        assert!(StoreError::unavailable("down").is_retryable());
+        assert!(!StoreError::Rejected(Rejection::NotFound).is_retryable());
+        let err = StoreError::unavailable(std::io::Error::other("refused"));
+        assert!(err.source().is_some());
+        assert_eq!(err.kind(), "unavailable");
+    }
+}

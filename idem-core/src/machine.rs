@@ -1,0 +1,329 @@
+//! The state machine of a record, as pure functions: the one place the decision logic lives.
+//!
+//! Each function takes the record as the store holds it (`None` when absent), the caller's
+//! arguments and the store's current time, and returns a [`Step`]: what to write back and what to
+//! answer. A store's only job is to run one of these atomically (under a lock, in a Lua script's
+//! equivalent, in an `UPDATE ... WHERE`) and apply the write.
+//!
+//! ```text
+//!            claim (absent, expired, or lease lapsed)
+//!   absent ─────────────────────────────────────────▶ in_flight ──heartbeat──▶ in_flight
+//!     ▲                                                 │  │  │
+//!     │ release / fail(retryable) / expiry              │  │  └─fail(permanent)─▶ failed ──expiry──▶ absent
+//!     └─────────────────────────────────────────────────┘  └────complete───────▶ completed ─expiry─▶ absent
+//! ```
+//!
+//! Rules that hold in every state:
+//! - an expired record (`now >= expires_at`) is treated as absent;
+//! - a claim with another fingerprint is answered [`ClaimOutcome::Mismatch`] before anything else
+//!   and changes nothing;
+//! - a holder's transition is refused unless its owner token and fence match the record's;
+//! - a fence is `max(previous + 1, now in microseconds, min_fence)`, so it strictly increases.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::error::{Rejection, StoreError};
+use crate::record::{Failure, Record, State};
+use crate::store::{ClaimOutcome, ClaimRequest, Lease};
+use crate::time::Timestamp;
+use crate::token::{Fence, OwnerToken};
+
+/// What a transition writes back to the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// Nothing changes.
+    Nothing,
+    /// Store this record under its key (insert or replace).
+    Put(Record),
+    /// Remove the record.
+    Remove,
+}
+
+/// The result of a transition: what to write and what to answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step<T> {
+    /// The write to apply, atomically with the read the decision was based on.
+    pub write: Write,
+    /// The answer to give the caller once the write is applied.
+    pub answer: T,
+}
+
+impl<T> Step<T> {
+    fn answer(answer: T) -> Self {
+        Step {
+            write: Write::Nothing,
+            answer,
+        }
+    }
+}
+
+/// Whether a holder whose lease lapsed (but whose record nobody took over) may still complete,
+/// fail or heartbeat.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LeasePolicy {
+    /// Yes: only a takeover (a new owner) stops the old holder. The default.
+    #[default]
+    Lenient,
+    /// No: a lapsed lease is refused with [`Rejection::LeaseExpired`].
+    Strict,
+}
+
+/// The record as it counts at `now`: validated, and `None` if it has expired.
+fn live_record(existing: Option<&Record>, now: Timestamp) -> Result<Option<&Record>, StoreError> {
+    match existing {
+        Some(record) => {
+            record.validate()?;
+            Ok((!record.is_expired(now)).then_some(record))
+        }
+        None => Ok(None),
+    }
+}
+
+/// The fence of a new grant.
+#[must_use]
+pub fn next_fence(previous: Option<Fence>, now: Timestamp, min_fence: Fence) -> Fence {
+    let after_previous = previous.map_or(Fence::MIN, Fence::successor);
+    after_previous
+        .max(Fence::new(now.as_micros()))
+        .max(min_fence)
+        .max(Fence::MIN)
+}
+
+/// `claim`: grants the key if it is absent, expired or its lease lapsed; otherwise answers with
+/// what is there.
+///
+/// `owner` is the token for a new grant (the store draws it); `min_fence` is the lowest fence
+/// the store allows for a new grant (a store that remembers the highest fence it ever issued
+/// passes that plus one; others pass [`Fence::MIN`]).
+///
+/// # Errors
+/// [`StoreError::Corrupt`] if the existing record breaks the record invariants.
+pub fn claim(
+    existing: Option<&Record>,
+    request: &ClaimRequest,
+    now: Timestamp,
+    min_fence: Fence,
+    owner: OwnerToken,
+) -> Result<Step<ClaimOutcome>, StoreError> {
+    let current = live_record(existing, now)?;
+    if let Some(record) = current {
+        if record.fingerprint != request.fingerprint {
+            return Ok(Step::answer(ClaimOutcome::Mismatch));
+        }
+        match record.state {
+            State::Completed => return Ok(Step::answer(ClaimOutcome::Completed(record.clone()))),
+            State::Failed => return Ok(Step::answer(ClaimOutcome::Failed(record.clone()))),
+            State::InFlight if record.is_live(now) => {
+                return Ok(Step::answer(ClaimOutcome::InFlight {
+                    retry_after: record.lease_until.saturating_since(now),
+                }));
+            }
+            State::InFlight => {}
+        }
+    }
+    // Absent, expired, or in flight with a lapsed lease: grant. The fence of an expired record
+    // still counts, so fences never go back.
+    let taken_over = current.is_some();
+    let fence = next_fence(existing.map(|r| r.fence), now, min_fence);
+    let lease_until = now.saturating_add(request.lease);
+    let record = Record {
+        key: request.key.clone(),
+        state: State::InFlight,
+        fingerprint: request.fingerprint,
+        owner,
+        fence,
+        lease_until,
+        attempt: current.map_or(1, |r| r.attempt.saturating_add(1)),
+        created_at: current.map_or(now, |r| r.created_at),
+        completed_at: None,
+        expires_at: lease_until.saturating_add(request.lease),
+        result: None,
+        failure: None,
+    };
+    let lease = Lease {
+        key: record.key.clone(),
+        owner,
+        fence,
+        until: lease_until,
+        attempt: record.attempt,
+    };
+    Ok(Step {
+        write: Write::Put(record),
+        answer: ClaimOutcome::Acquired { lease, taken_over },
+    })
+}
+
+/// The record `lease` holds, or the rejection. Settled records held by the same lease are
+/// returned too; each transition decides what they mean.
+fn held<'a>(
+    existing: Option<&'a Record>,
+    lease: &Lease,
+    now: Timestamp,
+) -> Result<Option<&'a Record>, StoreError> {
+    let Some(record) = live_record(existing, now)? else {
+        return Ok(None);
+    };
+    if lease.holds(record) {
+        Ok(Some(record))
+    } else {
+        Err(Rejection::Superseded {
+            current: record.fence,
+        }
+        .into())
+    }
+}
+
+fn check_policy(record: &Record, now: Timestamp, policy: LeasePolicy) -> Result<(), StoreError> {
+    if policy == LeasePolicy::Strict && record.state == State::InFlight && !record.is_live(now) {
+        return Err(Rejection::LeaseExpired.into());
+    }
+    Ok(())
+}
+
+/// `heartbeat`: extends the holder's lease to `extend` from now.
+///
+/// # Errors
+/// [`StoreError::Rejected`] if the record is gone, held by another attempt, settled, or (strict)
+/// the lease lapsed; [`StoreError::Corrupt`] for a broken record.
+pub fn heartbeat(
+    existing: Option<&Record>,
+    lease: &Lease,
+    extend: Duration,
+    now: Timestamp,
+    policy: LeasePolicy,
+) -> Result<Step<Lease>, StoreError> {
+    let record = held(existing, lease, now)?.ok_or(Rejection::NotFound)?;
+    if record.state != State::InFlight {
+        return Err(Rejection::AlreadySettled {
+            state: record.state,
+        }
+        .into());
+    }
+    check_policy(record, now, policy)?;
+    let lease_until = now.saturating_add(extend).max(record.lease_until);
+    let mut updated = record.clone();
+    updated.lease_until = lease_until;
+    updated.expires_at = lease_until.saturating_add(extend);
+    Ok(Step {
+        write: Write::Put(updated),
+        answer: Lease {
+            until: lease_until,
+            ..lease.clone()
+        },
+    })
+}
+
+/// `complete`: records `result`, kept for `retention`. A re-sent complete of the same lease is
+/// answered `Ok` without a write.
+///
+/// # Errors
+/// [`StoreError::Rejected`] if the record is gone, held by another attempt, failed, or (strict)
+/// the lease lapsed; [`StoreError::Corrupt`] for a broken record.
+pub fn complete(
+    existing: Option<&Record>,
+    lease: &Lease,
+    result: Bytes,
+    retention: Duration,
+    now: Timestamp,
+    policy: LeasePolicy,
+) -> Result<Step<()>, StoreError> {
+    let record = held(existing, lease, now)?.ok_or(Rejection::NotFound)?;
+    match record.state {
+        State::Completed => Ok(Step::answer(())),
+        State::Failed => Err(Rejection::AlreadySettled {
+            state: State::Failed,
+        }
+        .into()),
+        State::InFlight => {
+            check_policy(record, now, policy)?;
+            let mut updated = record.clone();
+            updated.state = State::Completed;
+            updated.completed_at = Some(now);
+            updated.expires_at = now.saturating_add(retention);
+            updated.result = Some(result);
+            Ok(Step {
+                write: Write::Put(updated),
+                answer: (),
+            })
+        }
+    }
+}
+
+/// `fail`: a retryable failure removes the record (the key is free); a permanent one is kept
+/// for `retention`. Re-sending the same fail is answered `Ok`.
+///
+/// # Errors
+/// [`StoreError::Rejected`] if another attempt holds the key, the record is completed, or
+/// (strict) the lease lapsed; [`StoreError::Corrupt`] for a broken record.
+pub fn fail(
+    existing: Option<&Record>,
+    lease: &Lease,
+    failure: Failure,
+    retention: Duration,
+    now: Timestamp,
+    policy: LeasePolicy,
+) -> Result<Step<()>, StoreError> {
+    let Some(record) = held(existing, lease, now)? else {
+        // Gone: a re-sent retryable fail already freed the key; a permanent one has nothing
+        // left to record.
+        return if failure.retryable {
+            Ok(Step::answer(()))
+        } else {
+            Err(Rejection::NotFound.into())
+        };
+    };
+    match record.state {
+        State::Failed if !failure.retryable => Ok(Step::answer(())),
+        State::Completed | State::Failed => Err(Rejection::AlreadySettled {
+            state: record.state,
+        }
+        .into()),
+        State::InFlight => {
+            check_policy(record, now, policy)?;
+            if failure.retryable {
+                return Ok(Step {
+                    write: Write::Remove,
+                    answer: (),
+                });
+            }
+            let mut updated = record.clone();
+            updated.state = State::Failed;
+            updated.completed_at = Some(now);
+            updated.expires_at = now.saturating_add(retention);
+            updated.failure = Some(failure);
+            Ok(Step {
+                write: Write::Put(updated),
+                answer: (),
+            })
+        }
+    }
+}
+
+/// `release`: gives the key back without a result. Releasing a key that is already gone is
+/// answered `Ok` (a re-sent release).
+///
+/// # Errors
+/// [`StoreError::Rejected`] if another attempt holds the key or the record is settled;
+/// [`StoreError::Corrupt`] for a broken record.
+pub fn release(
+    existing: Option<&Record>,
+    lease: &Lease,
+    now: Timestamp,
+) -> Result<Step<()>, StoreError> {
+    match held(existing, lease, now)? {
+        None => Ok(Step::answer(())),
+        Some(record) if record.state == State::InFlight => Ok(Step {
+            write: Write::Remove,
+            answer: (),
+        }),
+        Some(record) => Err(Rejection::AlreadySettled {
+            state: record.state,
+        }
+        .into()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,47 @@
+//! [`MemoryStore`]: the embedded default store of idem. No server, no I/O: records live in
+//! sharded maps in this process, and are gone when it exits.
+//!
+//! ```
+//! use std::time::Duration;
+//! use idem_core::{Bytes, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyKey, RecordKey, Store};
+//! use idem_store_memory::MemoryStore;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = MemoryStore::new();
+//! let key = RecordKey::unscoped(IdempotencyKey::new("order:7:ship")?);
+//! let request = ClaimRequest::new(key, Fingerprint::of(&[b"order 7"]), Duration::from_secs(30));
+//!
+//! // The first attempt gets the key and records its result...
+//! let ClaimOutcome::Acquired { lease, .. } = store.claim(&request).await? else { unreachable!() };
+//! store.complete(&lease, Bytes::from("shipped"), Duration::from_secs(3600)).await?;
+//!
+//! // ...and every retry gets that result instead of shipping twice.
+//! match store.claim(&request).await? {
+//!     ClaimOutcome::Completed(record) => assert_eq!(record.result.as_deref(), Some(&b"shipped"[..])),
+//!     other => panic!("expected the stored result, got {other:?}"),
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Bounds
+//! [`MemoryStoreBuilder::capacity`] caps the number of records. When the store is full, a new
+//! claim first reclaims expired records, then evicts settled records (completed or failed) and
+//! in-flight records whose lease has lapsed, oldest first within a shard. A record with a live
+//! lease is never evicted: a store full of them answers [`StoreError::Capacity`].
+//! Evicting a settled record means a late retry of that key runs again: size the capacity for
+//! the retention you need.
+//!
+//! # Expiry
+//! Expired records are treated as absent at once, and reclaimed by an incremental sweep: each
+//! shard sweeps itself after as many writes as it holds records (amortised O(1) per write), so
+//! memory follows the live set. [`MemoryStore::purge_expired`] sweeps everything now.
+
+mod shard;
+mod store;
+
+pub use store::{MemoryStore, MemoryStoreBuilder};
+
+#[doc(no_inline)]
+pub use idem_core::StoreError;

@@ -1,0 +1,449 @@
+//! [`MemoryStore`] and its builder.
+
+use std::hash::{BuildHasher, RandomState};
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::machine::{self, LeasePolicy, Step, Write};
+use idem_core::{
+    Bytes, ClaimOutcome, ClaimRequest, Clock, Failure, Fence, Lease, OwnerToken, Record,
+    RecordKey, ScanPage, ScanQuery, Store, StoreError, SystemClock, Timestamp,
+};
+
+use crate::shard::{Delta, Shard};
+
+/// How often a claim retries after making room, before it answers [`StoreError::Capacity`].
+const MAKE_ROOM_ATTEMPTS: usize = 3;
+
+/// The embedded in-memory store. Cheap to clone: clones share the records.
+///
+/// See the [crate docs](crate) for bounds and expiry.
+#[derive(Clone, Debug)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    clock: Arc<dyn Clock>,
+    capacity: Option<NonZeroUsize>,
+    policy: LeasePolicy,
+    /// Records held, over all shards.
+    len: AtomicUsize,
+    /// The highest fence ever granted: fences keep rising after a delete.
+    last_fence: AtomicU64,
+    /// Where the next make-room pass starts, so eviction spreads over the shards.
+    evict_cursor: AtomicUsize,
+}
+
+/// Builds a [`MemoryStore`]. Made by [`MemoryStore::builder`].
+#[derive(Debug)]
+#[must_use]
+pub struct MemoryStoreBuilder {
+    shards: NonZeroUsize,
+    capacity: Option<NonZeroUsize>,
+    clock: Arc<dyn Clock>,
+    policy: LeasePolicy,
+}
+
+impl Default for MemoryStoreBuilder {
+    fn default() -> Self {
+        MemoryStoreBuilder {
+            shards: NonZeroUsize::new(default_shards()).unwrap_or(NonZeroUsize::MIN),
+            capacity: None,
+            clock: Arc::new(SystemClock),
+            policy: LeasePolicy::Lenient,
+        }
+    }
+}
+
+/// Four shards per core, at least 16: contention stays low without wasting memory.
+fn default_shards() -> usize {
+    let cores = std::thread::available_parallelism().map_or(4, NonZeroUsize::get);
+    (cores * 4).next_power_of_two().max(16)
+}
+
+impl MemoryStoreBuilder {
+    /// The number of shards (default: four per core, at least 16).
+    pub fn shards(mut self, shards: NonZeroUsize) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// The most records the store holds (default: unbounded). See the [crate docs](crate) for
+    /// what happens when it is full.
+    pub fn capacity(mut self, capacity: NonZeroUsize) -> Self {
+        self.capacity = Some(capacity);
+        self
+    }
+
+    /// The clock (default: [`SystemClock`]). Tests pass a [`idem_core::ManualClock`].
+    pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Refuse transitions of a holder whose lease lapsed, even if nobody took the key over
+    /// (default: lenient; see [`LeasePolicy`]).
+    pub fn lease_policy(mut self, policy: LeasePolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The store.
+    #[must_use]
+    pub fn build(self) -> MemoryStore {
+        let shards = (0..self.shards.get())
+            .map(|_| Mutex::new(Shard::default()))
+            .collect();
+        MemoryStore {
+            inner: Arc::new(Inner {
+                shards,
+                hasher: RandomState::new(),
+                clock: self.clock,
+                capacity: self.capacity,
+                policy: self.policy,
+                len: AtomicUsize::new(0),
+                last_fence: AtomicU64::new(0),
+                evict_cursor: AtomicUsize::new(0),
+            }),
+        }
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::new()
+    }
+}
+
+impl MemoryStore {
+    /// An unbounded store on the system clock.
+    #[must_use]
+    pub fn new() -> Self {
+        MemoryStore::builder().build()
+    }
+
+    /// A builder for a store with a capacity, a manual clock or a strict lease policy.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder::default()
+    }
+
+    /// How many records the store holds, expired ones not yet swept included.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.inner.len.load(Ordering::Acquire)
+    }
+
+    /// Whether the store holds no record.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Removes every expired record now; returns how many.
+    pub fn purge_expired(&self) -> usize {
+        let now = self.inner.clock.now();
+        self.inner
+            .shards
+            .iter()
+            .map(|shard| {
+                let removed = lock(shard).sweep(now);
+                self.inner.len.fetch_sub(removed, Ordering::AcqRel);
+                removed
+            })
+            .sum()
+    }
+
+    /// Stores `record` as it is, bypassing the state machine (restoring a backup, or a test
+    /// planting a broken record). The record is validated when it is next read: a broken one is
+    /// answered with [`StoreError::Corrupt`].
+    pub fn put_raw(&self, record: Record) {
+        let key = record.key.clone();
+        let mut shard = lock(self.inner.shard(&key));
+        if shard.apply(&key, Write::Put(record)) == Delta::Added {
+            self.inner.len.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Runs one transition atomically on `key`'s shard and applies its write.
+    fn transition<T>(
+        &self,
+        key: &RecordKey,
+        mut decide: impl FnMut(Option<&Record>, Timestamp) -> Result<Step<T>, StoreError>,
+    ) -> Result<T, StoreError> {
+        let inner = &*self.inner;
+        for _ in 0..MAKE_ROOM_ATTEMPTS {
+            {
+                let mut shard = lock(inner.shard(key));
+                let now = inner.clock.now();
+                let step = decide(shard.get(key), now)?;
+                let adds = matches!(step.write, Write::Put(_)) && !shard.contains(key);
+                if !adds || inner.reserve() {
+                    if let Write::Put(record) = &step.write {
+                        inner.last_fence.fetch_max(record.fence.get(), Ordering::AcqRel);
+                    }
+                    match shard.apply(key, step.write) {
+                        Delta::Removed => {
+                            inner.len.fetch_sub(1, Ordering::AcqRel);
+                        }
+                        // A reserved slot is the added record's.
+                        Delta::Added | Delta::Same => {}
+                    }
+                    let swept = shard.maybe_sweep(now);
+                    inner.len.fetch_sub(swept, Ordering::AcqRel);
+                    return Ok(step.answer);
+                }
+            }
+            // Full: make room without holding this shard's lock (never two locks at once).
+            if !inner.make_room() {
+                break;
+            }
+        }
+        Err(StoreError::Capacity {
+            limit: inner.capacity.map_or(usize::MAX, NonZeroUsize::get),
+        })
+    }
+}
+
+impl Inner {
+    fn shard(&self, key: &RecordKey) -> &Mutex<Shard> {
+        let index = usize::try_from(self.hasher.hash_one(key)).unwrap_or_default();
+        &self.shards[index % self.shards.len()]
+    }
+
+    /// Takes one slot of the capacity for a new record; `false` if the store is full.
+    fn reserve(&self) -> bool {
+        let Some(capacity) = self.capacity else {
+            self.len.fetch_add(1, Ordering::AcqRel);
+            return true;
+        };
+        self.len
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |len| {
+                (len < capacity.get()).then_some(len + 1)
+            })
+            .is_ok()
+    }
+
+    /// Frees at least one slot: sweeps expired records, else evicts one evictable record.
+    /// Locks one shard at a time. `false` if nothing could be freed.
+    fn make_room(&self) -> bool {
+        let now = self.clock.now();
+        let count = self.shards.len();
+        let start = self.evict_cursor.fetch_add(1, Ordering::Relaxed);
+        for offset in 0..count {
+            let mut shard = lock(&self.shards[(start + offset) % count]);
+            let swept = shard.sweep(now);
+            if swept > 0 {
+                self.len.fetch_sub(swept, Ordering::AcqRel);
+                return true;
+            }
+        }
+        for offset in 0..count {
+            let mut shard = lock(&self.shards[(start + offset) % count]);
+            if shard.evict_one(now) {
+                self.len.fetch_sub(1, Ordering::AcqRel);
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// Locks a shard. A panic never happens while a shard is locked, but if one did, the map is
+/// still consistent (every write is a single insert or remove), so poisoning is ignored.
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        let min_fence = Fence::new(self.inner.last_fence.load(Ordering::Acquire)).successor();
+        self.transition(&request.key, |existing, now| {
+            machine::claim(existing, request, now, min_fence, OwnerToken::random())
+        })
+    }
+
+    async fn heartbeat(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
+        let policy = self.inner.policy;
+        self.transition(&lease.key, |existing, now| {
+            machine::heartbeat(existing, lease, extend, now, policy)
+        })
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        result: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let policy = self.inner.policy;
+        self.transition(&lease.key, |existing, now| {
+            machine::complete(existing, lease, result.clone(), retention, now, policy)
+        })
+    }
+
+    async fn fail(
+        &self,
+        lease: &Lease,
+        failure: Failure,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let policy = self.inner.policy;
+        self.transition(&lease.key, |existing, now| {
+            machine::fail(existing, lease, failure.clone(), retention, now, policy)
+        })
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.transition(&lease.key, |existing, now| {
+            machine::release(existing, lease, now)
+        })
+    }
+
+    async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
+        let shard = lock(self.inner.shard(key));
+        let now = self.inner.clock.now();
+        match shard.get(key) {
+            Some(record) => {
+                record.validate()?;
+                Ok((!record.is_expired(now)).then(|| record.clone()))
+            }
+            None => Ok(None),
+        }
+    }
+
+    async fn delete(&self, key: &RecordKey) -> Result<bool, StoreError> {
+        let mut shard = lock(self.inner.shard(key));
+        let now = self.inner.clock.now();
+        let live = shard.get(key).is_some_and(|r| !r.is_expired(now));
+        if shard.remove(key) {
+            self.inner.len.fetch_sub(1, Ordering::AcqRel);
+        }
+        Ok(live)
+    }
+
+    async fn scan(&self, query: &ScanQuery) -> Result<ScanPage, StoreError> {
+        let now = self.inner.clock.now();
+        let mut found: Vec<(String, Record)> = Vec::new();
+        for shard in self.inner.shards.iter() {
+            let shard = lock(shard);
+            for record in shard.records() {
+                record.validate()?;
+                if record.is_expired(now) || !query.matches(record, now) {
+                    continue;
+                }
+                let cursor = record.key.digest_hex();
+                if query.cursor.as_ref().is_none_or(|after| cursor > *after) {
+                    found.push((cursor, record.clone()));
+                }
+            }
+        }
+        found.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let limit = query.page_size();
+        let next_cursor = (found.len() > limit).then(|| found[limit - 1].0.clone());
+        found.truncate(limit);
+        Ok(ScanPage {
+            records: found.into_iter().map(|(_, record)| record).collect(),
+            next_cursor,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idem_core::{Fingerprint, IdempotencyKey, ManualClock, State};
+
+    fn request(key: &str) -> ClaimRequest {
+        ClaimRequest::new(
+            RecordKey::unscoped(IdempotencyKey::new(key).unwrap()),
+            Fingerprint::of(&[key.as_bytes()]),
+            Duration::from_secs(30),
+        )
+    }
+
+    fn store(capacity: usize) -> (MemoryStore, ManualClock) {
+        let clock = ManualClock::new(Timestamp::from_micros(1_000_000));
+        let store = MemoryStore::builder()
+            .capacity(NonZeroUsize::new(capacity).unwrap())
+            .shards(NonZeroUsize::new(4).unwrap())
+            .clock(clock.clone())
+            .build();
+        (store, clock)
+    }
+
+    async fn acquire(store: &MemoryStore, key: &str) -> Lease {
+        match store.claim(&request(key)).await.unwrap() {
+            ClaimOutcome::Acquired { lease, .. } => lease,
+            other => panic!("not acquired: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn full_of_in_flight_records_answers_capacity() {
+        let (store, _clock) = store(8);
+        for i in 0..8 {
+            acquire(&store, &format!("k{i}")).await;
+        }
+        let err = store.claim(&request("one-more")).await.unwrap_err();
+        assert!(matches!(err, StoreError::Capacity { limit: 8 }), "{err}");
+        assert!(err.is_retryable());
+        // Every in-flight record is still there.
+        for i in 0..8 {
+            let record = store.get(&request(&format!("k{i}")).key).await.unwrap().unwrap();
+            assert_eq!(record.state, State::InFlight);
+        }
+    }
+
+    #[tokio::test]
+    async fn settled_records_make_room_for_new_claims() {
+        let (store, _clock) = store(8);
+        for i in 0..8 {
+            let lease = acquire(&store, &format!("k{i}")).await;
+            store.complete(&lease, Bytes::new(), Duration::from_secs(3600)).await.unwrap();
+        }
+        for i in 8..100 {
+            let lease = acquire(&store, &format!("k{i}")).await;
+            store.complete(&lease, Bytes::new(), Duration::from_secs(3600)).await.unwrap();
+            assert!(store.len() <= 8);
+        }
+        // The newest results survive; the oldest were evicted.
+        assert!(store.get(&request("k99").key).await.unwrap().is_some());
+        assert!(store.get(&request("k0").key).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn expired_records_are_reclaimed_without_a_leak() {
+        let (store, clock) = store(100_000);
+        for i in 0..10_000 {
+            let lease = acquire(&store, &format!("k{i}")).await;
+            store.complete(&lease, Bytes::new(), Duration::from_secs(60)).await.unwrap();
+        }
+        assert_eq!(store.len(), 10_000);
+        clock.advance(Duration::from_secs(61));
+        // Ordinary traffic sweeps the expired records incrementally.
+        for i in 0..20_000 {
+            let lease = acquire(&store, &format!("n{i}")).await;
+            store.release(&lease).await.unwrap();
+        }
+        assert!(store.len() < 1_000, "{} records left", store.len());
+        store.purge_expired();
+        assert_eq!(store.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn fences_rise_after_delete_with_a_stopped_clock() {
+        let (store, _clock) = store(10);
+        let first = acquire(&store, "k").await;
+        assert!(store.delete(&first.key).await.unwrap());
+        let second = acquire(&store, "k").await;
+        assert!(second.fence > first.fence);
+    }
+}
