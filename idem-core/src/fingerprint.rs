@@ -34,7 +34,6 @@ impl Fingerprint {
     }
 
     /// A builder that takes parts one at a time.
-    #[must_use]
     pub fn builder() -> FingerprintBuilder {
         FingerprintBuilder {
             hasher: Sha256::new(),
@@ -120,7 +119,10 @@ mod tests {
 
     #[test]
     fn parts_are_length_prefixed() {
-        assert_ne!(Fingerprint::of(&[b"ab", b"c"]), Fingerprint::of(&[b"a", b"bc"]));
+        assert_ne!(
+            Fingerprint::of(&[b"ab", b"c"]),
+            Fingerprint::of(&[b"a", b"bc"])
+        );
         assert_ne!(Fingerprint::of(&[b"", b"a"]), Fingerprint::of(&[b"a"]));
     }
 

@@ -38,7 +38,9 @@ pub enum KeyError {
         len: usize,
     },
     /// The key holds a byte outside printable ASCII (a control byte or a non-ASCII byte).
-    #[error("byte {position} of the key is 0x{byte:02x}: a key holds only printable ASCII (0x20 to 0x7e)")]
+    #[error(
+        "byte {position} of the key is 0x{byte:02x}: a key holds only printable ASCII (0x20 to 0x7e)"
+    )]
     InvalidByte {
         /// The byte found.
         byte: u8,

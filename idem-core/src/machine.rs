@@ -31,6 +31,8 @@ use crate::time::Timestamp;
 use crate::token::{Fence, OwnerToken};
 
 /// What a transition writes back to the store.
+// A `Write` lives for one transition; boxing the record would cost an allocation per write.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Write {
     /// Nothing changes.

@@ -107,7 +107,11 @@ mod tests {
         let token = OwnerToken::random();
         assert_eq!(token.to_string().parse::<OwnerToken>(), Ok(token));
         assert!("xyz".parse::<OwnerToken>().is_err());
-        assert!("+0000000000000000000000000000000".parse::<OwnerToken>().is_err());
+        assert!(
+            "+0000000000000000000000000000000"
+                .parse::<OwnerToken>()
+                .is_err()
+        );
     }
 
     #[test]

@@ -82,7 +82,9 @@ impl Shard {
             .filter(|record| !record.is_live(now))
             .min_by_key(|record| match record.state {
                 State::InFlight => record.lease_until,
-                State::Completed | State::Failed => record.completed_at.unwrap_or(record.created_at),
+                State::Completed | State::Failed => {
+                    record.completed_at.unwrap_or(record.created_at)
+                }
             })
             .map(|record| record.key.clone());
         match victim {

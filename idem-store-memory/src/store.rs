@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::machine::{self, LeasePolicy, Step, Write};
 use idem_core::{
-    Bytes, ClaimOutcome, ClaimRequest, Clock, Failure, Fence, Lease, OwnerToken, Record,
-    RecordKey, ScanPage, ScanQuery, Store, StoreError, SystemClock, Timestamp,
+    Bytes, ClaimOutcome, ClaimRequest, Clock, Failure, Fence, Lease, OwnerToken, Record, RecordKey,
+    ScanPage, ScanQuery, Store, StoreError, SystemClock, Timestamp,
 };
 
 use crate::shard::{Delta, Shard};
@@ -186,7 +186,9 @@ impl MemoryStore {
                 let adds = matches!(step.write, Write::Put(_)) && !shard.contains(key);
                 if !adds || inner.reserve() {
                     if let Write::Put(record) = &step.write {
-                        inner.last_fence.fetch_max(record.fence.get(), Ordering::AcqRel);
+                        inner
+                            .last_fence
+                            .fetch_max(record.fence.get(), Ordering::AcqRel);
                     }
                     match shard.apply(key, step.write) {
                         Delta::Removed => {
@@ -397,7 +399,11 @@ mod tests {
         assert!(err.is_retryable());
         // Every in-flight record is still there.
         for i in 0..8 {
-            let record = store.get(&request(&format!("k{i}")).key).await.unwrap().unwrap();
+            let record = store
+                .get(&request(&format!("k{i}")).key)
+                .await
+                .unwrap()
+                .unwrap();
             assert_eq!(record.state, State::InFlight);
         }
     }
@@ -407,11 +413,17 @@ mod tests {
         let (store, _clock) = store(8);
         for i in 0..8 {
             let lease = acquire(&store, &format!("k{i}")).await;
-            store.complete(&lease, Bytes::new(), Duration::from_secs(3600)).await.unwrap();
+            store
+                .complete(&lease, Bytes::new(), Duration::from_secs(3600))
+                .await
+                .unwrap();
         }
         for i in 8..100 {
             let lease = acquire(&store, &format!("k{i}")).await;
-            store.complete(&lease, Bytes::new(), Duration::from_secs(3600)).await.unwrap();
+            store
+                .complete(&lease, Bytes::new(), Duration::from_secs(3600))
+                .await
+                .unwrap();
             assert!(store.len() <= 8);
         }
         // The newest results survive; the oldest were evicted.
@@ -424,7 +436,10 @@ mod tests {
         let (store, clock) = store(100_000);
         for i in 0..10_000 {
             let lease = acquire(&store, &format!("k{i}")).await;
-            store.complete(&lease, Bytes::new(), Duration::from_secs(60)).await.unwrap();
+            store
+                .complete(&lease, Bytes::new(), Duration::from_secs(60))
+                .await
+                .unwrap();
         }
         assert_eq!(store.len(), 10_000);
         clock.advance(Duration::from_secs(61));

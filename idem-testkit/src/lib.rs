@@ -1,1 +1,86 @@
-//! testkit
+//! The test kit of idem: the store conformance suite, the concurrency hammer, the model-based
+//! property test and the service probes. Every store crate runs the same suite from its own
+//! `tests/`:
+//!
+//! ```ignore
+//! // idem-store-memory/tests/conformance.rs
+//! async fn harness() -> Option<MemoryHarness> { Some(MemoryHarness::new()) }
+//! idem_testkit::store_conformance!(harness);
+//! ```
+//!
+//! The macro expands into one named `#[tokio::test]` per contract clause (see [`conformance`]),
+//! so a failing test names the clause it breaks. A harness whose server is missing returns
+//! `None`: outside CI the clause skips with a loud message; under `CI=true` the probe that
+//! found it missing has already failed the test (see [`probe`]).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+pub mod conformance;
+pub mod hammer;
+pub mod model;
+pub mod probe;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::{RecordKey, Store};
+
+/// What the suite needs from a store under test, besides the [`Store`] itself.
+#[async_trait]
+pub trait Harness: Send + Sync + 'static {
+    /// The store under test. Every call returns a handle to the same records.
+    fn store(&self) -> Arc<dyn Store>;
+
+    /// Moves the store's clock forward by `by` (a manual clock, or a server-time offset).
+    async fn advance(&self, by: Duration);
+
+    /// Plants a broken record at `key`: one the store cannot decode, or one that breaks the
+    /// record invariants. Every later operation on it must answer `StoreError::Corrupt`.
+    async fn corrupt(&self, key: &RecordKey);
+}
+
+/// Expands into one `#[tokio::test]` per clause of the store contract, plus the hammer and the
+/// model-based property test.
+///
+/// `$make` names an `async fn() -> Option<H>` where `H: Harness`; it is called once per test,
+/// and must give each call its own namespace (or schema) so tests do not see each other.
+/// The calling crate needs `tokio` (features `macros`, `rt-multi-thread`) as a dev-dependency.
+#[macro_export]
+macro_rules! store_conformance {
+    ($make:path) => {
+        $crate::store_conformance!(@clauses $make;
+            claim_on_an_absent_key_acquires,
+            one_of_64_concurrent_claims_acquires,
+            in_flight_answers_with_retry_after,
+            completed_record_answers_with_its_result,
+            mismatch_in_every_state_leaves_the_record_untouched,
+            lapsed_lease_is_taken_over_with_a_higher_fence,
+            stale_owner_is_rejected_after_takeover,
+            fences_strictly_increase_also_after_delete,
+            resent_complete_by_the_same_owner_is_ok,
+            retryable_fail_frees_the_key,
+            permanent_fail_keeps_a_failed_record,
+            release_frees_the_key,
+            heartbeat_extends_the_lease,
+            retention_expiry_frees_the_key,
+            scan_filters_by_state_and_age,
+            scopes_are_isolated,
+            corrupt_record_is_reported_not_panicked,
+            hammer_counts_one_execution_per_key,
+        );
+
+        #[test]
+        fn model_based_interleavings_match_the_state_machine() {
+            $crate::model::check(|| async { $make().await }, 256);
+        }
+    };
+    (@clauses $make:path; $($clause:ident),* $(,)?) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $clause() {
+                let Some(harness) = $make().await else { return };
+                $crate::conformance::$clause(&harness).await;
+            }
+        )*
+    };
+}

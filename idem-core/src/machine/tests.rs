@@ -28,7 +28,14 @@ fn acquire(existing: Option<&Record>, req: &ClaimRequest, now: Timestamp) -> (Re
 #[test]
 fn mismatch_wins_over_in_flight_and_writes_nothing() {
     let (record, _) = acquire(None, &request(b"a"), at(1));
-    let step = claim(Some(&record), &request(b"b"), at(2), Fence::MIN, OwnerToken::random()).unwrap();
+    let step = claim(
+        Some(&record),
+        &request(b"b"),
+        at(2),
+        Fence::MIN,
+        OwnerToken::random(),
+    )
+    .unwrap();
     assert_eq!(step.answer, ClaimOutcome::Mismatch);
     assert_eq!(step.write, Write::Nothing);
 }
@@ -36,7 +43,14 @@ fn mismatch_wins_over_in_flight_and_writes_nothing() {
 #[test]
 fn lapsed_lease_is_taken_over_with_a_higher_fence() {
     let (record, first) = acquire(None, &request(b"a"), at(1));
-    let step = claim(Some(&record), &request(b"a"), at(40), Fence::MIN, OwnerToken::random()).unwrap();
+    let step = claim(
+        Some(&record),
+        &request(b"a"),
+        at(40),
+        Fence::MIN,
+        OwnerToken::random(),
+    )
+    .unwrap();
     let ClaimOutcome::Acquired { lease, taken_over } = step.answer else {
         panic!("not acquired")
     };
@@ -49,33 +63,98 @@ fn lapsed_lease_is_taken_over_with_a_higher_fence() {
 fn stale_holder_is_refused_after_takeover() {
     let (record, stale) = acquire(None, &request(b"a"), at(1));
     let (record, _) = acquire(Some(&record), &request(b"a"), at(40));
-    let err = complete(Some(&record), &stale, Bytes::new(), RETENTION, at(41), LeasePolicy::Lenient)
-        .unwrap_err();
-    assert!(matches!(err.rejection(), Some(Rejection::Superseded { .. })));
+    let err = complete(
+        Some(&record),
+        &stale,
+        Bytes::new(),
+        RETENTION,
+        at(41),
+        LeasePolicy::Lenient,
+    )
+    .unwrap_err();
+    assert!(matches!(
+        err.rejection(),
+        Some(Rejection::Superseded { .. })
+    ));
     assert!(heartbeat(Some(&record), &stale, LEASE, at(41), LeasePolicy::Lenient).is_err());
-    assert!(fail(Some(&record), &stale, Failure::permanent("x"), RETENTION, at(41), LeasePolicy::Lenient).is_err());
+    assert!(
+        fail(
+            Some(&record),
+            &stale,
+            Failure::permanent("x"),
+            RETENTION,
+            at(41),
+            LeasePolicy::Lenient
+        )
+        .is_err()
+    );
     assert!(release(Some(&record), &stale, at(41)).is_err());
 }
 
 #[test]
 fn strict_policy_refuses_a_lapsed_lease() {
     let (record, lease) = acquire(None, &request(b"a"), at(1));
-    let lenient = complete(Some(&record), &lease, Bytes::new(), RETENTION, at(35), LeasePolicy::Lenient);
+    let lenient = complete(
+        Some(&record),
+        &lease,
+        Bytes::new(),
+        RETENTION,
+        at(35),
+        LeasePolicy::Lenient,
+    );
     assert!(lenient.is_ok());
-    let strict = complete(Some(&record), &lease, Bytes::new(), RETENTION, at(35), LeasePolicy::Strict);
-    assert_eq!(strict.unwrap_err().rejection(), Some(Rejection::LeaseExpired));
+    let strict = complete(
+        Some(&record),
+        &lease,
+        Bytes::new(),
+        RETENTION,
+        at(35),
+        LeasePolicy::Strict,
+    );
+    assert_eq!(
+        strict.unwrap_err().rejection(),
+        Some(Rejection::LeaseExpired)
+    );
 }
 
 #[test]
 fn resent_transitions_are_answered_ok() {
     let (record, lease) = acquire(None, &request(b"a"), at(1));
-    let Write::Put(done) = complete(Some(&record), &lease, Bytes::from("r"), RETENTION, at(2), LeasePolicy::Lenient).unwrap().write else {
+    let Write::Put(done) = complete(
+        Some(&record),
+        &lease,
+        Bytes::from("r"),
+        RETENTION,
+        at(2),
+        LeasePolicy::Lenient,
+    )
+    .unwrap()
+    .write
+    else {
         panic!()
     };
-    let again = complete(Some(&done), &lease, Bytes::from("r"), RETENTION, at(3), LeasePolicy::Lenient).unwrap();
+    let again = complete(
+        Some(&done),
+        &lease,
+        Bytes::from("r"),
+        RETENTION,
+        at(3),
+        LeasePolicy::Lenient,
+    )
+    .unwrap();
     assert_eq!(again.write, Write::Nothing);
     assert!(release(None, &lease, at(3)).is_ok());
-    assert!(fail(None, &lease, Failure::retryable("x"), RETENTION, at(3), LeasePolicy::Lenient).is_ok());
+    assert!(
+        fail(
+            None,
+            &lease,
+            Failure::retryable("x"),
+            RETENTION,
+            at(3),
+            LeasePolicy::Lenient
+        )
+        .is_ok()
+    );
     assert!(release(Some(&done), &lease, at(3)).is_err());
 }
 
@@ -83,16 +162,40 @@ fn resent_transitions_are_answered_ok() {
 fn corrupt_records_are_reported_not_decided() {
     let (mut record, lease) = acquire(None, &request(b"a"), at(1));
     record.state = State::Completed;
-    let err = claim(Some(&record), &request(b"a"), at(2), Fence::MIN, OwnerToken::random()).unwrap_err();
+    let err = claim(
+        Some(&record),
+        &request(b"a"),
+        at(2),
+        Fence::MIN,
+        OwnerToken::random(),
+    )
+    .unwrap_err();
     assert_eq!(err.kind(), "corrupt");
-    assert!(complete(Some(&record), &lease, Bytes::new(), RETENTION, at(2), LeasePolicy::Lenient).is_err());
+    assert!(
+        complete(
+            Some(&record),
+            &lease,
+            Bytes::new(),
+            RETENTION,
+            at(2),
+            LeasePolicy::Lenient
+        )
+        .is_err()
+    );
 }
 
 #[test]
 fn fences_keep_rising_after_expiry() {
     let (record, first) = acquire(None, &request(b"a"), at(1));
     // Long after the record expired, with a clock that went backwards.
-    let step = claim(Some(&record), &request(b"b"), at(0), Fence::MIN, OwnerToken::random()).unwrap();
+    let step = claim(
+        Some(&record),
+        &request(b"b"),
+        at(0),
+        Fence::MIN,
+        OwnerToken::random(),
+    )
+    .unwrap();
     let ClaimOutcome::Acquired { lease, .. } = step.answer else {
         // At time 0 the record has not expired; a different fingerprint is a mismatch.
         assert_eq!(step.answer, ClaimOutcome::Mismatch);

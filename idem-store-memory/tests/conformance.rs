@@ -1,0 +1,47 @@
+//! The store contract, clause by clause, against MemoryStore on a manual clock.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::{ManualClock, RecordKey, State, Store, Timestamp};
+use idem_store_memory::MemoryStore;
+use idem_testkit::Harness;
+
+struct MemoryHarness {
+    store: MemoryStore,
+    clock: ManualClock,
+}
+
+#[async_trait]
+impl Harness for MemoryHarness {
+    fn store(&self) -> Arc<dyn Store> {
+        Arc::new(self.store.clone())
+    }
+
+    async fn advance(&self, by: Duration) {
+        self.clock.advance(by);
+    }
+
+    async fn corrupt(&self, key: &RecordKey) {
+        // An in-memory record cannot be undecodable; it can break the record invariants.
+        let mut record = self
+            .store
+            .get(key)
+            .await
+            .unwrap()
+            .expect("a record to corrupt");
+        record.state = State::Completed;
+        record.result = None;
+        self.store.put_raw(record);
+    }
+}
+
+async fn harness() -> Option<MemoryHarness> {
+    let clock = ManualClock::new(Timestamp::from_micros(1_700_000_000_000_000));
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    Some(MemoryHarness { store, clock })
+}
+
+idem_testkit::store_conformance!(harness);

@@ -1,0 +1,617 @@
+//! The clauses of the store contract, one `async fn` each. [`crate::store_conformance!`] turns
+//! every clause into a named test of the calling store crate.
+//!
+//! Every clause takes a fresh [`Harness`] (its own namespace) and uses the [`LEASE`] and
+//! [`RETENTION`] below; time moves only through [`Harness::advance`].
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::{
+    Bytes, ClaimOutcome, ClaimRequest, Failure, Fingerprint, IdempotencyKey, Lease, Record,
+    RecordKey, Rejection, ScanQuery, Scope, State, Store, StoreError,
+};
+
+use crate::Harness;
+use crate::hammer::{HammerConfig, hammer};
+
+/// The lease every clause claims with.
+pub const LEASE: Duration = Duration::from_secs(30);
+/// The retention every clause completes with.
+pub const RETENTION: Duration = Duration::from_secs(3600);
+
+/// A record key in no scope.
+#[must_use]
+pub fn key(name: &str) -> RecordKey {
+    RecordKey::unscoped(IdempotencyKey::new(name).expect("valid test key"))
+}
+
+/// A claim of `key` with the fingerprint of `payload`.
+#[must_use]
+pub fn request(key: &RecordKey, payload: &str) -> ClaimRequest {
+    ClaimRequest::new(key.clone(), Fingerprint::of(&[payload.as_bytes()]), LEASE)
+}
+
+/// Claims and expects a grant.
+pub async fn acquire(store: &dyn Store, request: &ClaimRequest) -> Lease {
+    match store.claim(request).await {
+        Ok(ClaimOutcome::Acquired { lease, .. }) => lease,
+        other => panic!("expected Acquired for {:?}, got {other:?}", request.key),
+    }
+}
+
+fn expect_rejected<T: std::fmt::Debug>(result: Result<T, StoreError>, what: &str) -> Rejection {
+    match result {
+        Err(StoreError::Rejected(rejection)) => rejection,
+        other => panic!("{what}: expected a rejection, got {other:?}"),
+    }
+}
+
+async fn record(store: &dyn Store, key: &RecordKey) -> Record {
+    store
+        .get(key)
+        .await
+        .expect("get")
+        .unwrap_or_else(|| panic!("no record at {key:?}"))
+}
+
+/// A claim on an absent key is granted, with a fence and a lease in the future, and the record
+/// is in flight.
+pub async fn claim_on_an_absent_key_acquires(h: &impl Harness) {
+    let store = h.store();
+    let k = key("absent");
+    let lease = match store.claim(&request(&k, "a")).await.expect("claim") {
+        ClaimOutcome::Acquired { lease, taken_over } => {
+            assert!(!taken_over, "a fresh key is not a takeover");
+            lease
+        }
+        other => panic!("expected Acquired, got {other:?}"),
+    };
+    assert_eq!(lease.key, k);
+    assert_eq!(lease.attempt, 1);
+    let stored = record(&*store, &k).await;
+    assert_eq!(stored.state, State::InFlight);
+    assert_eq!(stored.owner, lease.owner);
+    assert_eq!(stored.fence, lease.fence);
+    assert_eq!(stored.lease_until, lease.until);
+    assert_eq!(stored.fingerprint, Fingerprint::of(&[b"a"]));
+    assert!(lease.until > stored.created_at);
+}
+
+/// 64 tasks claiming one key at once: exactly one is granted; every other is told it is in
+/// flight.
+pub async fn one_of_64_concurrent_claims_acquires(h: &impl Harness) {
+    let store = h.store();
+    let k = key("contended");
+    let barrier = Arc::new(tokio::sync::Barrier::new(64));
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let store = Arc::clone(&store);
+            let barrier = Arc::clone(&barrier);
+            let req = request(&k, "same");
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.claim(&req).await.expect("claim")
+            })
+        })
+        .collect();
+    let mut acquired = 0;
+    for task in tasks {
+        match task.await.expect("task") {
+            ClaimOutcome::Acquired { .. } => acquired += 1,
+            ClaimOutcome::InFlight { .. } => {}
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    assert_eq!(acquired, 1, "exactly one of 64 concurrent claims acquires");
+}
+
+/// A claim while another attempt holds a live lease answers `InFlight` with the time left on
+/// that lease.
+pub async fn in_flight_answers_with_retry_after(h: &impl Harness) {
+    let store = h.store();
+    let k = key("busy");
+    acquire(&*store, &request(&k, "a")).await;
+    h.advance(Duration::from_secs(10)).await;
+    match store.claim(&request(&k, "a")).await.expect("claim") {
+        ClaimOutcome::InFlight { retry_after } => {
+            assert!(retry_after > Duration::ZERO, "retry_after is positive");
+            assert!(
+                retry_after <= Duration::from_secs(20),
+                "{retry_after:?} > 20s left"
+            );
+            assert!(
+                retry_after >= Duration::from_secs(19),
+                "{retry_after:?} < 19s left"
+            );
+        }
+        other => panic!("expected InFlight, got {other:?}"),
+    }
+}
+
+/// A completed record answers every later claim with its result, byte for byte.
+pub async fn completed_record_answers_with_its_result(h: &impl Harness) {
+    let store = h.store();
+    let k = key("done");
+    let lease = acquire(&*store, &request(&k, "a")).await;
+    // A result with every byte value, to catch lossy encodings.
+    let result: Bytes = (0..=255u8).cycle().take(5_000).collect::<Vec<u8>>().into();
+    store
+        .complete(&lease, result.clone(), RETENTION)
+        .await
+        .expect("complete");
+    for _ in 0..2 {
+        match store.claim(&request(&k, "a")).await.expect("claim") {
+            ClaimOutcome::Completed(record) => {
+                assert_eq!(record.state, State::Completed);
+                assert_eq!(record.result.as_ref(), Some(&result));
+                assert_eq!(record.fence, lease.fence);
+                assert!(record.completed_at.is_some());
+            }
+            other => panic!("expected Completed, got {other:?}"),
+        }
+    }
+    // An empty result is a result too.
+    let k2 = key("done-empty");
+    let lease = acquire(&*store, &request(&k2, "a")).await;
+    store
+        .complete(&lease, Bytes::new(), RETENTION)
+        .await
+        .expect("complete");
+    match store.claim(&request(&k2, "a")).await.expect("claim") {
+        ClaimOutcome::Completed(record) => assert_eq!(record.result, Some(Bytes::new())),
+        other => panic!("expected Completed, got {other:?}"),
+    }
+}
+
+/// A claim with another fingerprint is a `Mismatch` in every state (in flight, completed,
+/// failed) and leaves the record exactly as it was.
+pub async fn mismatch_in_every_state_leaves_the_record_untouched(h: &impl Harness) {
+    let store = h.store();
+    let in_flight = key("mm-in-flight");
+    acquire(&*store, &request(&in_flight, "a")).await;
+
+    let completed = key("mm-completed");
+    let lease = acquire(&*store, &request(&completed, "a")).await;
+    store
+        .complete(&lease, Bytes::from_static(b"r"), RETENTION)
+        .await
+        .expect("complete");
+
+    let failed = key("mm-failed");
+    let lease = acquire(&*store, &request(&failed, "a")).await;
+    store
+        .fail(&lease, Failure::permanent("declined"), RETENTION)
+        .await
+        .expect("fail");
+
+    for k in [&in_flight, &completed, &failed] {
+        let before = record(&*store, k).await;
+        let answer = store.claim(&request(k, "b")).await.expect("claim");
+        assert_eq!(
+            answer,
+            ClaimOutcome::Mismatch,
+            "{k:?} in state {}",
+            before.state
+        );
+        assert_eq!(record(&*store, k).await, before, "a mismatch changed {k:?}");
+    }
+    // A lapsed in-flight record is not taken over by a different payload either.
+    h.advance(LEASE + Duration::from_secs(1)).await;
+    let before = record(&*store, &in_flight).await;
+    assert_eq!(
+        store.claim(&request(&in_flight, "b")).await.expect("claim"),
+        ClaimOutcome::Mismatch
+    );
+    assert_eq!(record(&*store, &in_flight).await, before);
+}
+
+/// An in-flight record whose lease lapsed is taken over by the next claim, with a higher fence
+/// and a new owner.
+pub async fn lapsed_lease_is_taken_over_with_a_higher_fence(h: &impl Harness) {
+    let store = h.store();
+    let k = key("lapsed");
+    let first = acquire(&*store, &request(&k, "a")).await;
+    h.advance(LEASE + Duration::from_secs(1)).await;
+    match store.claim(&request(&k, "a")).await.expect("claim") {
+        ClaimOutcome::Acquired { lease, taken_over } => {
+            assert!(taken_over, "the claim reports the takeover");
+            assert!(
+                lease.fence > first.fence,
+                "fence {} <= {}",
+                lease.fence,
+                first.fence
+            );
+            assert_ne!(lease.owner, first.owner);
+            assert_eq!(lease.attempt, 2);
+        }
+        other => panic!("expected a takeover, got {other:?}"),
+    }
+}
+
+/// After a takeover, the stale owner's heartbeat, complete, fail and release are refused, and
+/// the new owner's record is unchanged by them.
+pub async fn stale_owner_is_rejected_after_takeover(h: &impl Harness) {
+    let store = h.store();
+    let k = key("stale");
+    let stale = acquire(&*store, &request(&k, "a")).await;
+    h.advance(LEASE + Duration::from_secs(1)).await;
+    let fresh = acquire(&*store, &request(&k, "a")).await;
+    let before = record(&*store, &k).await;
+
+    let r = expect_rejected(store.heartbeat(&stale, LEASE).await, "stale heartbeat");
+    assert!(
+        matches!(r, Rejection::Superseded { current } if current == fresh.fence),
+        "{r:?}"
+    );
+    expect_rejected(
+        store
+            .complete(&stale, Bytes::from_static(b"late"), RETENTION)
+            .await,
+        "stale complete",
+    );
+    expect_rejected(
+        store
+            .fail(&stale, Failure::permanent("late"), RETENTION)
+            .await,
+        "stale permanent fail",
+    );
+    expect_rejected(
+        store
+            .fail(&stale, Failure::retryable("late"), RETENTION)
+            .await,
+        "stale retryable fail",
+    );
+    expect_rejected(store.release(&stale).await, "stale release");
+    assert_eq!(
+        record(&*store, &k).await,
+        before,
+        "a stale owner changed the record"
+    );
+
+    // The new owner is unaffected.
+    store
+        .complete(&fresh, Bytes::from_static(b"ok"), RETENTION)
+        .await
+        .expect("fresh complete");
+}
+
+/// Fences strictly increase across every grant of a key: takeovers, releases, retryable
+/// failures, and a delete followed by a new claim.
+pub async fn fences_strictly_increase_also_after_delete(h: &impl Harness) {
+    let store = h.store();
+    let k = key("fences");
+    let mut last = acquire(&*store, &request(&k, "a")).await.fence;
+    for round in 0..6 {
+        let lease = acquire_eventually(h, &*store, &request(&k, "a")).await;
+        assert!(
+            lease.fence > last,
+            "round {round}: fence {} <= {last}",
+            lease.fence
+        );
+        last = lease.fence;
+        match round % 3 {
+            0 => store.release(&lease).await.expect("release"),
+            1 => store
+                .fail(&lease, Failure::retryable("t"), RETENTION)
+                .await
+                .expect("fail"),
+            _ => {
+                store
+                    .complete(&lease, Bytes::new(), RETENTION)
+                    .await
+                    .expect("complete");
+                assert!(store.delete(&k).await.expect("delete"));
+            }
+        }
+    }
+}
+
+/// Claims until granted, letting an in-flight lease lapse.
+async fn acquire_eventually(h: &impl Harness, store: &dyn Store, req: &ClaimRequest) -> Lease {
+    for _ in 0..3 {
+        match store.claim(req).await.expect("claim") {
+            ClaimOutcome::Acquired { lease, .. } => return lease,
+            ClaimOutcome::InFlight { .. } => h.advance(LEASE + Duration::from_secs(1)).await,
+            other => panic!("expected a grant, got {other:?}"),
+        }
+    }
+    panic!("never granted")
+}
+
+/// A complete re-sent by the same owner and fence (after a lost reply) answers `Ok` and keeps
+/// the first result; so does a re-sent permanent fail.
+pub async fn resent_complete_by_the_same_owner_is_ok(h: &impl Harness) {
+    let store = h.store();
+    let k = key("resend");
+    let lease = acquire(&*store, &request(&k, "a")).await;
+    store
+        .complete(&lease, Bytes::from_static(b"first"), RETENTION)
+        .await
+        .expect("complete");
+    store
+        .complete(&lease, Bytes::from_static(b"first"), RETENTION)
+        .await
+        .expect("re-sent complete");
+    let stored = record(&*store, &k).await;
+    assert_eq!(stored.result.as_deref(), Some(&b"first"[..]));
+    // The owner cannot turn its completed record into a failure or release it.
+    expect_rejected(
+        store.fail(&lease, Failure::permanent("x"), RETENTION).await,
+        "fail after complete",
+    );
+    expect_rejected(store.release(&lease).await, "release after complete");
+
+    let k2 = key("resend-fail");
+    let lease = acquire(&*store, &request(&k2, "a")).await;
+    store
+        .fail(&lease, Failure::permanent("declined"), RETENTION)
+        .await
+        .expect("fail");
+    store
+        .fail(&lease, Failure::permanent("declined"), RETENTION)
+        .await
+        .expect("re-sent fail");
+    expect_rejected(
+        store.complete(&lease, Bytes::new(), RETENTION).await,
+        "complete after permanent fail",
+    );
+}
+
+/// A retryable failure frees the key: the next claim is granted (a new attempt, higher fence).
+pub async fn retryable_fail_frees_the_key(h: &impl Harness) {
+    let store = h.store();
+    let k = key("retryable");
+    let lease = acquire(&*store, &request(&k, "a")).await;
+    store
+        .fail(&lease, Failure::retryable("timeout upstream"), RETENTION)
+        .await
+        .expect("fail");
+    assert!(
+        store
+            .get(&k)
+            .await
+            .expect("get")
+            .is_none_or(|r| r.state != State::InFlight)
+    );
+    let next = acquire(&*store, &request(&k, "a")).await;
+    assert!(next.fence > lease.fence);
+    // A re-sent retryable fail of the old attempt does not free the new attempt's key.
+    expect_rejected(
+        store
+            .fail(&lease, Failure::retryable("again"), RETENTION)
+            .await,
+        "old retryable fail after a new grant",
+    );
+}
+
+/// A permanent failure is kept: later claims are answered `Failed` with the failure, for the
+/// retention period.
+pub async fn permanent_fail_keeps_a_failed_record(h: &impl Harness) {
+    let store = h.store();
+    let k = key("permanent");
+    let lease = acquire(&*store, &request(&k, "a")).await;
+    store
+        .fail(&lease, Failure::permanent("card declined"), RETENTION)
+        .await
+        .expect("fail");
+    match store.claim(&request(&k, "a")).await.expect("claim") {
+        ClaimOutcome::Failed(record) => {
+            assert_eq!(record.state, State::Failed);
+            assert_eq!(record.failure, Some(Failure::permanent("card declined")));
+        }
+        other => panic!("expected Failed, got {other:?}"),
+    }
+    h.advance(RETENTION - Duration::from_secs(60)).await;
+    assert!(matches!(
+        store.claim(&request(&k, "a")).await.expect("claim"),
+        ClaimOutcome::Failed(_)
+    ));
+}
+
+/// Release gives the key back: the next claim is granted at once; a re-sent release is `Ok`.
+pub async fn release_frees_the_key(h: &impl Harness) {
+    let store = h.store();
+    let k = key("release");
+    let lease = acquire(&*store, &request(&k, "a")).await;
+    store.release(&lease).await.expect("release");
+    store.release(&lease).await.expect("re-sent release");
+    assert!(store.get(&k).await.expect("get").is_none());
+    // After a release, even another payload may claim the key.
+    acquire(&*store, &request(&k, "b")).await;
+}
+
+/// A heartbeat moves the lease forward, so the holder is not taken over; the record keeps
+/// owner and fence.
+pub async fn heartbeat_extends_the_lease(h: &impl Harness) {
+    let store = h.store();
+    let k = key("heartbeat");
+    let mut lease = acquire(&*store, &request(&k, "a")).await;
+    for _ in 0..4 {
+        h.advance(LEASE / 2).await;
+        let extended = store.heartbeat(&lease, LEASE).await.expect("heartbeat");
+        assert!(extended.until > lease.until);
+        assert_eq!((extended.owner, extended.fence), (lease.owner, lease.fence));
+        lease = extended;
+    }
+    // Two full leases after the claim, the holder still holds the key.
+    assert!(matches!(
+        store.claim(&request(&k, "a")).await.expect("claim"),
+        ClaimOutcome::InFlight { .. }
+    ));
+    let stored = record(&*store, &k).await;
+    assert_eq!(stored.lease_until, lease.until);
+    store
+        .complete(&lease, Bytes::new(), RETENTION)
+        .await
+        .expect("complete");
+    // A heartbeat on a settled record is refused.
+    let r = expect_rejected(
+        store.heartbeat(&lease, LEASE).await,
+        "heartbeat after complete",
+    );
+    assert_eq!(
+        r,
+        Rejection::AlreadySettled {
+            state: State::Completed
+        }
+    );
+}
+
+/// After the retention period a completed record is gone: `get` finds nothing and a new claim
+/// is granted (with a higher fence).
+pub async fn retention_expiry_frees_the_key(h: &impl Harness) {
+    let store = h.store();
+    let k = key("expiry");
+    let lease = acquire(&*store, &request(&k, "a")).await;
+    store
+        .complete(&lease, Bytes::from_static(b"r"), Duration::from_secs(60))
+        .await
+        .expect("complete");
+    h.advance(Duration::from_secs(59)).await;
+    assert!(
+        store.get(&k).await.expect("get").is_some(),
+        "expired too early"
+    );
+    h.advance(Duration::from_secs(2)).await;
+    assert!(store.get(&k).await.expect("get").is_none(), "not expired");
+    let again = acquire(&*store, &request(&k, "other payload")).await;
+    assert!(again.fence > lease.fence);
+}
+
+/// Scans filter by state and by age, and page through everything with cursors.
+pub async fn scan_filters_by_state_and_age(h: &impl Harness) {
+    let store = h.store();
+    let mut completed = HashSet::new();
+    for i in 0..5 {
+        let k = key(&format!("scan-old-{i}"));
+        let lease = acquire(&*store, &request(&k, "a")).await;
+        store
+            .complete(&lease, Bytes::new(), RETENTION)
+            .await
+            .expect("complete");
+        completed.insert(k);
+    }
+    h.advance(Duration::from_secs(120)).await;
+    let mut in_flight = HashSet::new();
+    for i in 0..3 {
+        let k = key(&format!("scan-new-{i}"));
+        acquire(&*store, &request(&k, "a")).await;
+        in_flight.insert(k);
+    }
+    let failed = key("scan-failed");
+    let lease = acquire(&*store, &request(&failed, "a")).await;
+    store
+        .fail(&lease, Failure::permanent("no"), RETENTION)
+        .await
+        .expect("fail");
+
+    let keys = |page: Vec<Record>| page.into_iter().map(|r| r.key).collect::<HashSet<_>>();
+    let all = scan_all(&*store, &ScanQuery::all().with_limit(2)).await;
+    assert_eq!(
+        all.len(),
+        9,
+        "paging with limit 2 returns every record once"
+    );
+    assert_eq!(keys(all.clone()).len(), 9, "no record twice");
+
+    let query = ScanQuery::all().with_state(State::Completed);
+    assert_eq!(keys(scan_all(&*store, &query).await), completed);
+    let query = ScanQuery::all().with_state(State::InFlight);
+    assert_eq!(keys(scan_all(&*store, &query).await), in_flight);
+    let query = ScanQuery::all().with_state(State::Failed);
+    assert_eq!(
+        keys(scan_all(&*store, &query).await),
+        HashSet::from([failed])
+    );
+    let query = ScanQuery::all().with_min_age(Duration::from_secs(60));
+    assert_eq!(keys(scan_all(&*store, &query).await), completed, "by age");
+}
+
+/// Every page of a scan.
+pub async fn scan_all(store: &dyn Store, query: &ScanQuery) -> Vec<Record> {
+    let mut query = query.clone();
+    let mut out = Vec::new();
+    for _ in 0..10_000 {
+        let page = store.scan(&query).await.expect("scan");
+        assert!(
+            page.records.len() <= query.page_size(),
+            "page over its limit"
+        );
+        out.extend(page.records);
+        match page.next_cursor {
+            Some(cursor) => query.cursor = Some(cursor),
+            None => return out,
+        }
+    }
+    panic!("scan never ended")
+}
+
+/// The same key in two scopes is two records: one scope never sees the other's.
+pub async fn scopes_are_isolated(h: &impl Harness) {
+    let store = h.store();
+    let id = IdempotencyKey::new("shared-name").expect("key");
+    let alice = RecordKey::new(Scope::new("alice").expect("scope"), id.clone());
+    let bob = RecordKey::new(Scope::from_secret(b"Bearer bob"), id);
+    let lease = acquire(&*store, &request(&alice, "a")).await;
+    store
+        .complete(&lease, Bytes::from_static(b"alice's"), RETENTION)
+        .await
+        .expect("complete");
+    // Bob's claim of the same name, even with another payload, is a fresh grant.
+    let bob_lease = acquire(&*store, &request(&bob, "b")).await;
+    assert_eq!(bob_lease.key, bob);
+    assert_eq!(
+        record(&*store, &alice).await.result.as_deref(),
+        Some(&b"alice's"[..])
+    );
+}
+
+/// A corrupt stored record is answered with `StoreError::Corrupt` by every operation that reads
+/// it, never a panic, and an operator can delete it.
+pub async fn corrupt_record_is_reported_not_panicked(h: &impl Harness) {
+    let store = h.store();
+    let k = key("corrupt");
+    let lease = acquire(&*store, &request(&k, "a")).await;
+    h.corrupt(&k).await;
+    let corrupt = |what: &str, err: Option<StoreError>| match err {
+        Some(StoreError::Corrupt { .. }) => {}
+        other => panic!("{what}: expected Corrupt, got {other:?}"),
+    };
+    corrupt("claim", store.claim(&request(&k, "a")).await.err());
+    corrupt("get", store.get(&k).await.err());
+    corrupt("heartbeat", store.heartbeat(&lease, LEASE).await.err());
+    corrupt(
+        "complete",
+        store.complete(&lease, Bytes::new(), RETENTION).await.err(),
+    );
+    corrupt(
+        "fail",
+        store
+            .fail(&lease, Failure::permanent("x"), RETENTION)
+            .await
+            .err(),
+    );
+    corrupt("release", store.release(&lease).await.err());
+    store.delete(&k).await.expect("delete of a corrupt record");
+    acquire(&*store, &request(&k, "a")).await;
+}
+
+/// The hammer: 64 tasks over 1,000 keys with random delays: exactly one execution per key, and
+/// every other attempt answered from the record.
+pub async fn hammer_counts_one_execution_per_key(h: &impl Harness) {
+    let config = HammerConfig::default();
+    let report = hammer(h.store(), config.clone()).await;
+    eprintln!(
+        "hammer: {} tasks x {} keys: executions={} acquired={} released={} replayed={} in_flight={}",
+        config.tasks,
+        report.keys,
+        report.total_executions(),
+        report.acquired,
+        report.released,
+        report.replayed,
+        report.in_flight
+    );
+    report.assert_exactly_once();
+}

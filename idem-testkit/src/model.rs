@@ -1,0 +1,343 @@
+//! The model-based property test: random interleavings of claim, heartbeat, complete, fail,
+//! release and clock advances from 2 to 4 workers over two keys, run against a store and
+//! against the pure state machine of `idem_core::machine`, answer by answer.
+//!
+//! Checked after every step: the store's answer equals the model's (outcome kind, takeover,
+//! stored result or failure, rejection kind, `retry_after` within a second), and no two
+//! workers ever hold a live lease on one key at the same time.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::mem::discriminant;
+use std::time::Duration;
+
+use idem_core::machine::{self, LeasePolicy, Step, Write};
+use idem_core::{
+    Bytes, ClaimOutcome, ClaimRequest, Failure, Fence, Fingerprint, IdempotencyKey, Lease,
+    OwnerToken, Record, RecordKey, Rejection, Store, StoreError, Timestamp,
+};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+
+use crate::Harness;
+
+const LEASE: Duration = Duration::from_secs(30);
+const RETENTION: Duration = Duration::from_secs(600);
+const KEYS: usize = 2;
+
+/// One step of a worker, or of the clock.
+#[derive(Clone, Debug)]
+pub enum Op {
+    /// Worker claims key with payload 0 or 1.
+    Claim(usize, usize, u8),
+    /// Worker extends its lease on key.
+    Heartbeat(usize, usize),
+    /// Worker completes key.
+    Complete(usize, usize),
+    /// Worker fails key (retryable or not).
+    Fail(usize, usize, bool),
+    /// Worker releases key.
+    Release(usize, usize),
+    /// The clock moves forward by this many seconds.
+    Advance(u64),
+}
+
+/// A program: the number of workers and the interleaving of their steps.
+fn program() -> impl Strategy<Value = (usize, Vec<Op>)> {
+    (2..=4usize).prop_flat_map(|workers| {
+        let w = 0..workers;
+        let k = 0..KEYS;
+        let op = prop_oneof![
+            4 => (w.clone(), k.clone(), prop_oneof![9 => Just(0u8), 1 => Just(1u8)])
+                .prop_map(|(w, k, p)| Op::Claim(w, k, p)),
+            2 => (w.clone(), k.clone()).prop_map(|(w, k)| Op::Heartbeat(w, k)),
+            3 => (w.clone(), k.clone()).prop_map(|(w, k)| Op::Complete(w, k)),
+            2 => (w.clone(), k.clone(), any::<bool>()).prop_map(|(w, k, r)| Op::Fail(w, k, r)),
+            2 => (w, k).prop_map(|(w, k)| Op::Release(w, k)),
+            2 => prop_oneof![Just(1u64), Just(10), Just(29), Just(30), Just(31), Just(61), Just(601)]
+                .prop_map(Op::Advance),
+        ];
+        (Just(workers), proptest::collection::vec(op, 1..60))
+    })
+}
+
+/// Runs `cases` random programs, each against a fresh harness from `make`.
+///
+/// # Panics
+/// When the store's answers differ from the model's, with the shrunk program.
+pub fn check<F, Fut, H>(make: F, cases: u32)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Option<H>>,
+    H: Harness,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    if runtime.block_on(make()).is_none() {
+        return; // the probe skipped loudly (or failed under CI)
+    }
+    let config = Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new(config);
+    let outcome = runner.run(&program(), |(_workers, ops)| {
+        runtime.block_on(async {
+            let harness = make()
+                .await
+                .ok_or_else(|| TestCaseError::fail("no harness"))?;
+            run_program(&harness, &ops).await
+        })
+    });
+    if let Err(err) = outcome {
+        panic!("the store disagrees with the state machine: {err}");
+    }
+}
+
+/// The pure model: records by key, and the model's own clock.
+struct Model {
+    records: HashMap<usize, Record>,
+    now: Timestamp,
+    last_fence: Fence,
+}
+
+impl Model {
+    fn apply<T>(&mut self, k: usize, step: Step<T>) -> T {
+        match step.write {
+            Write::Nothing => {}
+            Write::Put(record) => {
+                self.last_fence = self.last_fence.max(record.fence);
+                self.records.insert(k, record);
+            }
+            Write::Remove => {
+                self.records.remove(&k);
+            }
+        }
+        step.answer
+    }
+}
+
+/// A worker's view of one key: its lease in the store and in the model.
+type Held = HashMap<(usize, usize), (Lease, Lease)>;
+
+async fn run_program(h: &impl Harness, ops: &[Op]) -> Result<(), TestCaseError> {
+    let store = h.store();
+    let keys: Vec<RecordKey> = (0..KEYS)
+        .map(|k| RecordKey::unscoped(IdempotencyKey::new(format!("model-{k}")).expect("key")))
+        .collect();
+    let mut model = Model {
+        records: HashMap::new(),
+        now: Timestamp::from_micros(1_700_000_000_000_000),
+        last_fence: Fence::new(0),
+    };
+    let mut held: Held = HashMap::new();
+    let mut store_fences: HashMap<usize, Fence> = HashMap::new();
+    for (index, op) in ops.iter().enumerate() {
+        let at = format!("step {index} ({op:?})");
+        match *op {
+            Op::Advance(secs) => {
+                h.advance(Duration::from_secs(secs)).await;
+                model.now = model.now.saturating_add(Duration::from_secs(secs));
+            }
+            Op::Claim(w, k, payload) => {
+                let request =
+                    ClaimRequest::new(keys[k].clone(), Fingerprint::of(&[&[payload]]), LEASE);
+                let got = store.claim(&request).await;
+                let step = machine::claim(
+                    model.records.get(&k),
+                    &request,
+                    model.now,
+                    model.last_fence.successor(),
+                    OwnerToken::random(),
+                )
+                .map_err(|e| TestCaseError::fail(format!("model error {e}")))?;
+                let want = model.apply(k, step);
+                compare_claims(&got, &want, &at)?;
+                if let (
+                    Ok(ClaimOutcome::Acquired { lease: s, .. }),
+                    ClaimOutcome::Acquired { lease: m, .. },
+                ) = (&got, &want)
+                {
+                    if let Some(last) = store_fences.insert(k, s.fence) {
+                        prop_assert!(s.fence > last, "{at}: fence {} after {last}", s.fence);
+                    }
+                    for (&(other, key), (_, lease)) in &held {
+                        prop_assert!(
+                            key != k || other == w || lease.until <= model.now,
+                            "{at}: worker {w} was granted key {k} while worker {other} holds a live lease"
+                        );
+                    }
+                    held.insert((w, k), (s.clone(), m.clone()));
+                }
+            }
+            Op::Heartbeat(w, k) => {
+                let Some((s, m)) = held.get(&(w, k)).cloned() else {
+                    continue;
+                };
+                let got = store.heartbeat(&s, LEASE).await;
+                let want = machine::heartbeat(
+                    model.records.get(&k),
+                    &m,
+                    LEASE,
+                    model.now,
+                    LeasePolicy::Lenient,
+                )
+                .map(|step| model.apply(k, step));
+                compare_results(&got, &want, &at)?;
+                if let (Ok(s), Ok(m)) = (got, want) {
+                    held.insert((w, k), (s, m));
+                }
+            }
+            Op::Complete(w, k) => {
+                let Some((s, m)) = held.get(&(w, k)).cloned() else {
+                    continue;
+                };
+                let result = Bytes::from(format!("worker {w}"));
+                let got = store.complete(&s, result.clone(), RETENTION).await;
+                let want = machine::complete(
+                    model.records.get(&k),
+                    &m,
+                    result,
+                    RETENTION,
+                    model.now,
+                    LeasePolicy::Lenient,
+                )
+                .map(|step| model.apply(k, step));
+                compare_results(&got, &want, &at)?;
+                held.remove(&(w, k));
+            }
+            Op::Fail(w, k, retryable) => {
+                let Some((s, m)) = held.get(&(w, k)).cloned() else {
+                    continue;
+                };
+                let failure = if retryable {
+                    Failure::retryable("transient")
+                } else {
+                    Failure::permanent("permanent")
+                };
+                let got = store.fail(&s, failure.clone(), RETENTION).await;
+                let want = machine::fail(
+                    model.records.get(&k),
+                    &m,
+                    failure,
+                    RETENTION,
+                    model.now,
+                    LeasePolicy::Lenient,
+                )
+                .map(|step| model.apply(k, step));
+                compare_results(&got, &want, &at)?;
+                held.remove(&(w, k));
+            }
+            Op::Release(w, k) => {
+                let Some((s, m)) = held.get(&(w, k)).cloned() else {
+                    continue;
+                };
+                let got = store.release(&s).await;
+                let want = machine::release(model.records.get(&k), &m, model.now)
+                    .map(|step| model.apply(k, step));
+                compare_results(&got, &want, &at)?;
+                held.remove(&(w, k));
+            }
+        }
+        // The stored state agrees with the model's after every step.
+        for (k, key) in keys.iter().enumerate() {
+            let stored = store
+                .get(key)
+                .await
+                .map_err(|e| TestCaseError::fail(format!("{at}: get: {e}")))?;
+            let modelled = model.records.get(&k).filter(|r| !r.is_expired(model.now));
+            prop_assert_eq!(
+                stored.as_ref().map(|r| (
+                    r.state,
+                    r.fingerprint,
+                    r.attempt,
+                    r.result.clone(),
+                    r.failure.clone()
+                )),
+                modelled.map(|r| (
+                    r.state,
+                    r.fingerprint,
+                    r.attempt,
+                    r.result.clone(),
+                    r.failure.clone()
+                )),
+                "{}: stored record of key {} differs from the model",
+                at,
+                k
+            );
+        }
+    }
+    Ok(())
+}
+
+fn compare_claims(
+    got: &Result<ClaimOutcome, StoreError>,
+    want: &ClaimOutcome,
+    at: &str,
+) -> Result<(), TestCaseError> {
+    let got = got
+        .as_ref()
+        .map_err(|e| TestCaseError::fail(format!("{at}: store error {e}")))?;
+    match (got, want) {
+        (
+            ClaimOutcome::Acquired {
+                lease: s,
+                taken_over: st,
+            },
+            ClaimOutcome::Acquired {
+                lease: m,
+                taken_over: mt,
+            },
+        ) => {
+            prop_assert_eq!(st, mt, "{}: takeover", at);
+            prop_assert_eq!(s.attempt, m.attempt, "{}: attempt", at);
+        }
+        (ClaimOutcome::InFlight { retry_after: s }, ClaimOutcome::InFlight { retry_after: m }) => {
+            let diff = s.abs_diff(*m);
+            prop_assert!(
+                diff <= Duration::from_secs(1),
+                "{at}: retry_after {s:?} vs {m:?}"
+            );
+        }
+        (ClaimOutcome::Completed(s), ClaimOutcome::Completed(m)) => {
+            prop_assert_eq!(&s.result, &m.result, "{}: replayed result", at);
+        }
+        (ClaimOutcome::Failed(s), ClaimOutcome::Failed(m)) => {
+            prop_assert_eq!(&s.failure, &m.failure, "{}: failure", at);
+        }
+        (ClaimOutcome::Mismatch, ClaimOutcome::Mismatch) => {}
+        (s, m) => prop_assert!(false, "{at}: store answered {s:?}, the model {m:?}"),
+    }
+    Ok(())
+}
+
+fn compare_results<T: std::fmt::Debug, U: std::fmt::Debug>(
+    got: &Result<T, StoreError>,
+    want: &Result<U, StoreError>,
+    at: &str,
+) -> Result<(), TestCaseError> {
+    match (got, want) {
+        (Ok(_), Ok(_)) => Ok(()),
+        (Err(StoreError::Rejected(s)), Err(StoreError::Rejected(m))) => {
+            prop_assert!(
+                same_rejection(*s, *m),
+                "{at}: store refused with {s:?}, the model {m:?}"
+            );
+            Ok(())
+        }
+        (s, m) => Err(TestCaseError::fail(format!(
+            "{at}: store answered {s:?}, the model {m:?}"
+        ))),
+    }
+}
+
+fn same_rejection(a: Rejection, b: Rejection) -> bool {
+    match (a, b) {
+        (Rejection::AlreadySettled { state: x }, Rejection::AlreadySettled { state: y }) => x == y,
+        _ => discriminant(&a) == discriminant(&b),
+    }
+}
