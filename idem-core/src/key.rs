@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
@@ -22,7 +23,7 @@ pub const MAX_KEY_LEN: usize = 255;
 /// # Ok::<(), KeyError>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct IdempotencyKey(Box<str>);
+pub struct IdempotencyKey(Arc<str>);
 
 /// Why a text is not an [`IdempotencyKey`] (or a [`Scope`]). Each variant names the rule broken.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -133,7 +134,7 @@ impl AsRef<str> for IdempotencyKey {
 /// from a secret (an `Authorization` header) with [`Scope::from_secret`], which stores only a
 /// hash of it.
 #[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Scope(Box<str>);
+pub struct Scope(Arc<str>);
 
 impl Scope {
     /// No scope: every caller shares one namespace.

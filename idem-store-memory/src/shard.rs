@@ -40,9 +40,16 @@ impl Shard {
         self.writes_since_sweep += 1;
         match write {
             Write::Nothing => Delta::Same,
-            Write::Put(record) => match self.records.insert(key.clone(), record) {
-                Some(_) => Delta::Same,
-                None => Delta::Added,
+            // Replace in place when the key is there: no clone of the key.
+            Write::Put(record) => match self.records.get_mut(key) {
+                Some(slot) => {
+                    *slot = record;
+                    Delta::Same
+                }
+                None => {
+                    self.records.insert(key.clone(), record);
+                    Delta::Added
+                }
             },
             Write::Remove => match self.records.remove(key) {
                 Some(_) => Delta::Removed,
