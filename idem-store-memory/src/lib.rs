@@ -27,9 +27,10 @@
 //!
 //! # Bounds
 //! [`MemoryStoreBuilder::capacity`] caps the number of records. When the store is full, a new
-//! claim first reclaims expired records, then evicts settled records (completed or failed) and
-//! in-flight records whose lease has lapsed, oldest first within a shard. A record with a live
-//! lease is never evicted: a store full of them answers [`StoreError::Capacity`].
+//! claim first reclaims expired records, then evicts settled records (completed or failed),
+//! oldest first within a shard. An in-flight record is never evicted, not even one whose lease
+//! lapsed (its holder may still complete it; it expires one lease after its lease ends): a
+//! store full of in-flight records answers [`StoreError::Capacity`], a retryable error.
 //! Evicting a settled record means a late retry of that key runs again: size the capacity for
 //! the retention you need.
 //!

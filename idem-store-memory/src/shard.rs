@@ -80,19 +80,15 @@ impl Shard {
         before - self.records.len()
     }
 
-    /// Evicts the oldest record that may be evicted at `now`: a settled record, or an in-flight
-    /// record whose lease has lapsed. Never a live lease. Returns whether one was evicted.
-    pub(crate) fn evict_one(&mut self, now: Timestamp) -> bool {
+    /// Evicts the oldest settled record (completed or failed). Never an in-flight record, not
+    /// even one whose lease lapsed: its holder may still complete it. Returns whether one was
+    /// evicted.
+    pub(crate) fn evict_one(&mut self) -> bool {
         let victim = self
             .records
             .values()
-            .filter(|record| !record.is_live(now))
-            .min_by_key(|record| match record.state {
-                State::InFlight => record.lease_until,
-                State::Completed | State::Failed => {
-                    record.completed_at.unwrap_or(record.created_at)
-                }
-            })
+            .filter(|record| record.state != State::InFlight)
+            .min_by_key(|record| record.completed_at.unwrap_or(record.created_at))
             .map(|record| record.key.clone());
         match victim {
             Some(key) => self.records.remove(&key).is_some(),

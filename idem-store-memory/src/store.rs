@@ -232,7 +232,7 @@ impl Inner {
             .is_ok()
     }
 
-    /// Frees at least one slot: sweeps expired records, else evicts one evictable record.
+    /// Frees at least one slot: sweeps expired records, else evicts one settled record.
     /// Locks one shard at a time. `false` if nothing could be freed.
     fn make_room(&self) -> bool {
         let now = self.clock.now();
@@ -248,7 +248,7 @@ impl Inner {
         }
         for offset in 0..count {
             let mut shard = lock(&self.shards[(start + offset) % count]);
-            if shard.evict_one(now) {
+            if shard.evict_one() {
                 self.len.fetch_sub(1, Ordering::AcqRel);
                 return true;
             }
@@ -406,6 +406,21 @@ mod tests {
                 .unwrap();
             assert_eq!(record.state, State::InFlight);
         }
+    }
+
+    #[tokio::test]
+    async fn lapsed_in_flight_records_are_not_evicted_until_they_expire() {
+        let (store, clock) = store(4);
+        for i in 0..4 {
+            acquire(&store, &format!("k{i}")).await;
+        }
+        // The leases lapsed (30 s), but the holders may still complete: no eviction.
+        clock.advance(Duration::from_secs(31));
+        let err = store.claim(&request("new")).await.unwrap_err();
+        assert!(matches!(err, StoreError::Capacity { .. }), "{err}");
+        // One lease after the lease ended, the records expire and make room.
+        clock.advance(Duration::from_secs(30));
+        acquire(&store, "new").await;
     }
 
     #[tokio::test]
