@@ -9,7 +9,7 @@ use bytes::Bytes;
 
 use crate::error::StoreError;
 use crate::fingerprint::Fingerprint;
-use crate::key::RecordKey;
+use crate::key::{IdempotencyKey, RecordKey, Scope};
 use crate::record::{Failure, Record, State};
 use crate::time::Timestamp;
 use crate::token::{Fence, OwnerToken};
@@ -223,6 +223,17 @@ pub trait Store: Send + Sync + fmt::Debug {
 
     /// Lists records by state and age, a page at a time.
     async fn scan(&self, query: &ScanQuery) -> Result<ScanPage, StoreError>;
+
+    /// Checks that the store answers (for a readiness probe). The default reads one key that
+    /// is never written; a store may answer more cheaply (a `PING`).
+    async fn ping(&self) -> Result<(), StoreError> {
+        let probe = IdempotencyKey::new("idem-readiness-probe")
+            .map_err(|err| StoreError::Backend {
+                source: Box::new(err),
+                retryable: false,
+            })?;
+        self.get(&RecordKey::new(Scope::none(), probe)).await.map(|_| ())
+    }
 }
 
 #[async_trait]
@@ -267,5 +278,9 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     async fn scan(&self, query: &ScanQuery) -> Result<ScanPage, StoreError> {
         (**self).scan(query).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        (**self).ping().await
     }
 }

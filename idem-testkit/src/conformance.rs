@@ -615,3 +615,8 @@ pub async fn hammer_counts_one_execution_per_key(h: &impl Harness) {
     );
     report.assert_exactly_once();
 }
+
+/// A reachable store answers `ping`.
+pub async fn ping_answers(h: &impl Harness) {
+    h.store().ping().await.expect("ping");
+}

@@ -67,6 +67,7 @@ macro_rules! store_conformance {
             scopes_are_isolated,
             corrupt_record_is_reported_not_panicked,
             hammer_counts_one_execution_per_key,
+            ping_answers,
         );
 
         #[test]
