@@ -1,0 +1,97 @@
+//! A `MemoryStore` claim+complete cycle on fresh keys, on 1 and 2 threads, next to a plain
+//! `Mutex<HashMap<String, Vec<u8>>>` insert-then-update baseline on the same threads.
+//!
+//! One iteration is one cycle on every thread; the throughput is cycles per second over all
+//! threads. Each sample starts from an empty store (and an empty map), dropped after timing.
+
+use std::error::Error;
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use idem_bench::{MutexMap, run_on_threads};
+use idem_core::{Bytes, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyKey, RecordKey, Store};
+use idem_store_memory::MemoryStore;
+
+const LEASE: Duration = Duration::from_secs(30);
+const RETENTION: Duration = Duration::from_secs(3600);
+const RESULT: &[u8] = b"{\"status\":\"captured\"}";
+
+/// The error of a benchmark's workload.
+type BoxError = Box<dyn Error + Send + Sync>;
+
+/// `iters` claim+complete cycles on fresh keys of `thread`.
+fn store_cycles(store: &MemoryStore, thread: usize, iters: u64) -> Result<(), BoxError> {
+    let fingerprint = Fingerprint::of(&[b"POST", b"/payments", RESULT]);
+    let result = Bytes::from_static(RESULT);
+    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    runtime.block_on(async {
+        for n in 0..iters {
+            let key = IdempotencyKey::new(format!("payment:{thread}:{n}"))?;
+            let request = ClaimRequest::new(RecordKey::unscoped(key), fingerprint, LEASE);
+            let ClaimOutcome::Acquired { lease, .. } = store.claim(&request).await? else {
+                return Err("a fresh key was not acquired".into());
+            };
+            store.complete(&lease, result.clone(), RETENTION).await?;
+        }
+        Ok(())
+    })
+}
+
+/// `iters` insert-then-update cycles on fresh keys of `thread`.
+fn baseline_cycles(map: &MutexMap, thread: usize, iters: u64) -> Result<(), BoxError> {
+    for n in 0..iters {
+        if !black_box(map.insert_then_update(format!("payment:{thread}:{n}"), RESULT)) {
+            return Err("a fresh key was already in the map".into());
+        }
+    }
+    Ok(())
+}
+
+fn claim_complete(c: &mut Criterion) {
+    let mut group = c.benchmark_group("claim_complete");
+    for threads in [1, 2] {
+        group.throughput(Throughput::Elements(threads as u64));
+        group.bench_with_input(
+            BenchmarkId::new("memory_store", threads),
+            &threads,
+            |b, &threads| {
+                b.iter_custom(|iters| {
+                    let store = MemoryStore::new();
+                    let elapsed = run_on_threads(threads, iters, |thread, iters| {
+                        store_cycles(&store, thread, iters)
+                    })
+                    .unwrap_or_else(|e| panic!("memory store cycle failed: {e}"));
+                    assert_eq!(store.len(), threads * iters as usize);
+                    elapsed
+                });
+            },
+        );
+        group.bench_with_input(
+            BenchmarkId::new("mutex_hashmap_baseline", threads),
+            &threads,
+            |b, &threads| {
+                b.iter_custom(|iters| {
+                    let map = MutexMap::new();
+                    let elapsed = run_on_threads(threads, iters, |thread, iters| {
+                        baseline_cycles(&map, thread, iters)
+                    })
+                    .unwrap_or_else(|e| panic!("baseline cycle failed: {e}"));
+                    assert_eq!(map.len(), threads * iters as usize);
+                    elapsed
+                });
+            },
+        );
+    }
+    group.finish();
+}
+
+fn main() {
+    let mut criterion = Criterion::default()
+        // A warm-up round starts from an empty store too: keep it short so the largest one
+        // stays well under a million records.
+        .warm_up_time(Duration::from_secs(1))
+        .configure_from_args();
+    claim_complete(&mut criterion);
+    criterion.final_summary();
+}
