@@ -8,7 +8,8 @@ use std::error::Error;
 use std::hint::black_box;
 use std::time::Duration;
 
-use criterion::{BenchmarkId, Criterion, Throughput};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput};
 use idem_bench::{MutexMap, run_on_threads};
 use idem_core::{Bytes, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyKey, RecordKey, Store};
 use idem_store_memory::MemoryStore;
@@ -48,39 +49,48 @@ fn baseline_cycles(map: &MutexMap, thread: usize, iters: u64) -> Result<(), BoxE
     Ok(())
 }
 
+/// Benchmarks `cycles` on `threads` threads as `name`; each sample runs on a fresh target from
+/// `fresh` (dropped after timing) and checks it holds one entry per cycle afterwards.
+fn bench_cycles<T: Sync>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    threads: usize,
+    fresh: impl Fn() -> T,
+    len: impl Fn(&T) -> usize,
+    cycles: impl Fn(&T, usize, u64) -> Result<(), BoxError> + Sync,
+) {
+    group.bench_function(BenchmarkId::new(name, threads), |b| {
+        b.iter_custom(|iters| {
+            let target = fresh();
+            let elapsed = run_on_threads(threads, iters, |thread, iters| {
+                cycles(&target, thread, iters)
+            })
+            .unwrap_or_else(|e| panic!("{name} failed: {e}"));
+            assert_eq!(len(&target), threads * iters as usize);
+            elapsed
+        });
+    });
+}
+
 fn claim_complete(c: &mut Criterion) {
     let mut group = c.benchmark_group("claim_complete");
     for threads in [1, 2] {
         group.throughput(Throughput::Elements(threads as u64));
-        group.bench_with_input(
-            BenchmarkId::new("memory_store", threads),
-            &threads,
-            |b, &threads| {
-                b.iter_custom(|iters| {
-                    let store = MemoryStore::new();
-                    let elapsed = run_on_threads(threads, iters, |thread, iters| {
-                        store_cycles(&store, thread, iters)
-                    })
-                    .unwrap_or_else(|e| panic!("memory store cycle failed: {e}"));
-                    assert_eq!(store.len(), threads * iters as usize);
-                    elapsed
-                });
-            },
+        bench_cycles(
+            &mut group,
+            "memory_store",
+            threads,
+            MemoryStore::new,
+            MemoryStore::len,
+            store_cycles,
         );
-        group.bench_with_input(
-            BenchmarkId::new("mutex_hashmap_baseline", threads),
-            &threads,
-            |b, &threads| {
-                b.iter_custom(|iters| {
-                    let map = MutexMap::new();
-                    let elapsed = run_on_threads(threads, iters, |thread, iters| {
-                        baseline_cycles(&map, thread, iters)
-                    })
-                    .unwrap_or_else(|e| panic!("baseline cycle failed: {e}"));
-                    assert_eq!(map.len(), threads * iters as usize);
-                    elapsed
-                });
-            },
+        bench_cycles(
+            &mut group,
+            "mutex_hashmap_baseline",
+            threads,
+            MutexMap::new,
+            MutexMap::len,
+            baseline_cycles,
         );
     }
     group.finish();
