@@ -4,50 +4,12 @@
 //! One iteration is one cycle on every thread; the throughput is cycles per second over all
 //! threads. Each sample starts from an empty store (and an empty map), dropped after timing.
 
-use std::error::Error;
-use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput};
-use idem_bench::{MutexMap, run_on_threads};
-use idem_core::{Bytes, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyKey, RecordKey, Store};
+use idem_bench::{BoxError, MutexMap, baseline_cycles, run_on_threads, store_cycles};
 use idem_store_memory::MemoryStore;
-
-const LEASE: Duration = Duration::from_secs(30);
-const RETENTION: Duration = Duration::from_secs(3600);
-const RESULT: &[u8] = b"{\"status\":\"captured\"}";
-
-/// The error of a benchmark's workload.
-type BoxError = Box<dyn Error + Send + Sync>;
-
-/// `iters` claim+complete cycles on fresh keys of `thread`.
-fn store_cycles(store: &MemoryStore, thread: usize, iters: u64) -> Result<(), BoxError> {
-    let fingerprint = Fingerprint::of(&[b"POST", b"/payments", RESULT]);
-    let result = Bytes::from_static(RESULT);
-    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
-    runtime.block_on(async {
-        for n in 0..iters {
-            let key = IdempotencyKey::new(format!("payment:{thread}:{n}"))?;
-            let request = ClaimRequest::new(RecordKey::unscoped(key), fingerprint, LEASE);
-            let ClaimOutcome::Acquired { lease, .. } = store.claim(&request).await? else {
-                return Err("a fresh key was not acquired".into());
-            };
-            store.complete(&lease, result.clone(), RETENTION).await?;
-        }
-        Ok(())
-    })
-}
-
-/// `iters` insert-then-update cycles on fresh keys of `thread`.
-fn baseline_cycles(map: &MutexMap, thread: usize, iters: u64) -> Result<(), BoxError> {
-    for n in 0..iters {
-        if !black_box(map.insert_then_update(format!("payment:{thread}:{n}"), RESULT)) {
-            return Err("a fresh key was already in the map".into());
-        }
-    }
-    Ok(())
-}
 
 /// Benchmarks `cycles` on `threads` threads as `name`; each sample runs on a fresh target from
 /// `fresh` (dropped after timing) and checks it holds one entry per cycle afterwards.

@@ -2,10 +2,17 @@
 //! threads at once, and the baselines each measurement is compared with.
 //!
 //! Run them with `cargo bench -p idem-bench`; the figures are in the repository README.
+//! `bench/instructions.sh` counts the instructions of the same cycles with valgrind, a figure
+//! that does not depend on the load of the machine.
 
 use std::collections::HashMap;
+use std::error::Error;
+use std::hint::black_box;
 use std::sync::{Barrier, Mutex, PoisonError};
 use std::time::{Duration, Instant};
+
+use idem_core::{Bytes, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyKey, RecordKey, Store};
+use idem_store_memory::MemoryStore;
 
 /// Runs `work(thread, iters)` on `threads` threads that start together, and returns the wall
 /// time from the start until the last one is done.
@@ -96,4 +103,49 @@ impl MutexMap {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// The lease of a benchmark claim.
+pub const LEASE: Duration = Duration::from_secs(30);
+/// How long a benchmark result is kept.
+pub const RETENTION: Duration = Duration::from_secs(3600);
+/// The result a benchmark cycle records.
+pub const RESULT: &[u8] = b"{\"status\":\"captured\"}";
+
+/// The error of a benchmark's workload.
+pub type BoxError = Box<dyn Error + Send + Sync>;
+
+/// `iters` claim+complete cycles on fresh keys of `thread` (`payment:{thread}:{n}`), driven by
+/// a current-thread tokio runtime of its own.
+///
+/// # Errors
+/// The first store error, or a fresh key that was not acquired.
+pub fn store_cycles(store: &MemoryStore, thread: usize, iters: u64) -> Result<(), BoxError> {
+    let fingerprint = Fingerprint::of(&[b"POST", b"/payments", RESULT]);
+    let result = Bytes::from_static(RESULT);
+    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    runtime.block_on(async {
+        for n in 0..iters {
+            let key = IdempotencyKey::new(format!("payment:{thread}:{n}"))?;
+            let request = ClaimRequest::new(RecordKey::unscoped(key), fingerprint, LEASE);
+            let ClaimOutcome::Acquired { lease, .. } = store.claim(&request).await? else {
+                return Err("a fresh key was not acquired".into());
+            };
+            store.complete(&lease, result.clone(), RETENTION).await?;
+        }
+        Ok(())
+    })
+}
+
+/// `iters` insert-then-update cycles on the same fresh keys as [`store_cycles`].
+///
+/// # Errors
+/// A fresh key that was already in the map.
+pub fn baseline_cycles(map: &MutexMap, thread: usize, iters: u64) -> Result<(), BoxError> {
+    for n in 0..iters {
+        if !black_box(map.insert_then_update(format!("payment:{thread}:{n}"), RESULT)) {
+            return Err("a fresh key was already in the map".into());
+        }
+    }
+    Ok(())
 }
