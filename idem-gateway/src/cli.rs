@@ -1,0 +1,180 @@
+//! The command line of the `idem` binary (clap derive; every override also reads an
+//! environment variable).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::Overrides;
+
+/// idem: idempotency in front of any HTTP service.
+///
+/// A retried POST runs once: idem records every Idempotency-Key and answers duplicates with the
+/// stored response. Settings come from the config file, then the environment, then the flags.
+#[derive(Debug, Parser)]
+#[command(name = "idem", version, propagate_version = true)]
+pub struct Cli {
+    /// The configuration file (TOML; see idem.example.toml).
+    #[arg(
+        long,
+        short = 'c',
+        env = "IDEM_CONFIG",
+        global = true,
+        value_name = "PATH"
+    )]
+    pub config: Option<PathBuf>,
+
+    /// Settings that win over the file.
+    #[command(flatten)]
+    pub overrides: OverrideArgs,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The flags that win over the configuration file. Values are checked with the file's parsers.
+#[derive(Clone, Debug, Default, Args)]
+pub struct OverrideArgs {
+    /// The public address, e.g. 127.0.0.1:8080.
+    #[arg(long, env = "IDEM_LISTEN", global = true, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// The upstream service, e.g. http://127.0.0.1:3000.
+    #[arg(long, env = "IDEM_UPSTREAM", global = true, value_name = "URL")]
+    pub upstream: Option<String>,
+    /// The store (`memory`, `redis://...`, `postgres://...` or `redb:PATH`).
+    #[arg(
+        long,
+        env = "IDEM_STORE",
+        global = true,
+        value_name = "STORE",
+        help = "The store: memory, redis://HOST[:PORT][/DB], postgres://USER@HOST/DB or redb:PATH"
+    )]
+    pub store: Option<String>,
+    /// How long stored responses are kept, on every route (e.g. 24h).
+    #[arg(long, env = "IDEM_RETENTION", global = true, value_name = "DURATION")]
+    pub retention: Option<String>,
+    /// The lease of a claim, on every route (e.g. 30s).
+    #[arg(long, env = "IDEM_LEASE", global = true, value_name = "DURATION")]
+    pub lease: Option<String>,
+    /// The admin listener's address (metrics, health).
+    #[arg(long, env = "IDEM_ADMIN_LISTEN", global = true, value_name = "ADDR")]
+    pub admin_listen: Option<String>,
+    /// A bearer token the admin listener requires.
+    #[arg(
+        long,
+        env = "IDEM_ADMIN_TOKEN",
+        global = true,
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub admin_token: Option<String>,
+    /// Run no admin listener.
+    #[arg(long, global = true)]
+    pub no_admin: bool,
+}
+
+impl OverrideArgs {
+    /// The overrides, to apply to the file.
+    #[must_use]
+    pub fn to_overrides(&self) -> Overrides {
+        Overrides {
+            listen: self.listen.clone(),
+            upstream: self.upstream.clone(),
+            store: self.store.clone(),
+            retention: self.retention.clone(),
+            lease: self.lease.clone(),
+            admin_listen: self.admin_listen.clone(),
+            admin_token: self.admin_token.clone(),
+            no_admin: self.no_admin,
+        }
+    }
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gateway: proxy to the upstream with idempotency on the configured routes.
+    Serve,
+    /// Validate a configuration file; exit 2 with one line naming the problem.
+    CheckConfig {
+        /// The file (default: --config).
+        path: Option<PathBuf>,
+        /// Print the resolved configuration as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Inspect or remove records in the store.
+    Keys {
+        /// What to do.
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+    /// Store maintenance.
+    Store {
+        /// What to do.
+        #[command(subcommand)]
+        command: StoreCommand,
+    },
+    /// A gateway and a built-in upstream on free ports, with curl lines to try.
+    Demo,
+}
+
+/// `idem keys ...`.
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Show one record.
+    Get {
+        /// The idempotency key.
+        key: String,
+        /// The record's scope (see `keys list`; empty: no scope).
+        #[arg(long, default_value = "")]
+        scope: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List records, newest pages first as the store returns them.
+    List {
+        /// Only records in this state: in_flight, completed or failed.
+        #[arg(long)]
+        state: Option<String>,
+        /// Only records at least this old (e.g. 10m).
+        #[arg(long, value_name = "DURATION")]
+        older_than: Option<String>,
+        /// At most this many records.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// JSON output (one array).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove one record: the next request with the key runs again.
+    Delete {
+        /// The idempotency key.
+        key: String,
+        /// The record's scope (empty: no scope).
+        #[arg(long, default_value = "")]
+        scope: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `idem store ...`.
+#[derive(Debug, Subcommand)]
+pub enum StoreCommand {
+    /// Create or upgrade the store's schema (PostgreSQL, redb).
+    Migrate {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove expired records now (stores that keep them until swept).
+    Sweep {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+}

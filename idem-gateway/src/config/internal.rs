@@ -1,0 +1,722 @@
+//! The validated configuration, made from the file and the overrides by ONE function,
+//! [`Config::build`], which applies every default, checks the settings together and never
+//! panics.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use http::{HeaderName, Method};
+
+use super::ConfigError;
+use super::toml::{FileConfig, KeyMode, LogFormat, OnStoreError, RouteSection};
+use super::value::{ByteSize, HumanDuration, PathPattern, ScopeSpec, StoreSpec, UpstreamUrl};
+
+/// The defaults, in one place (the example config repeats them).
+pub mod defaults {
+    use std::net::{Ipv4Addr, SocketAddr};
+    use std::time::Duration;
+
+    /// `[server] listen`.
+    pub const LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
+    /// `[server] max_header_bytes`: 64 KiB.
+    pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+    /// The smallest `max_header_bytes` the HTTP/1 parser takes.
+    pub const MIN_HEADER_BYTES: usize = 8 * 1024;
+    /// `[server] max_headers`.
+    pub const MAX_HEADERS: usize = 100;
+    /// `[server] shutdown_grace`.
+    pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+    /// `[upstream] connect_timeout`.
+    pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+    /// `[upstream] timeout`.
+    pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(60);
+    /// `[upstream] pool_idle_timeout`.
+    pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+    /// `[upstream] pool_max_idle`.
+    pub const POOL_MAX_IDLE: usize = 256;
+    /// `[store] namespace`.
+    pub const NAMESPACE: &str = "idem";
+    /// `[store] memory_capacity`.
+    pub const MEMORY_CAPACITY: usize = 1_000_000;
+    /// `[admin] listen`.
+    pub const ADMIN_LISTEN: SocketAddr =
+        SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 9901);
+    /// `[log] level`.
+    pub const LOG_LEVEL: &str = "info";
+    /// `lease`.
+    pub const LEASE: Duration = Duration::from_secs(30);
+    /// `heartbeat` (and never more than a third of the lease).
+    pub const HEARTBEAT: Duration = Duration::from_secs(10);
+    /// `retention`.
+    pub const RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+    /// `request_body_limit`: 1 MiB.
+    pub const REQUEST_BODY_LIMIT: usize = 1024 * 1024;
+    /// `storage_cap`: 1 MiB.
+    pub const STORAGE_CAP: usize = 1024 * 1024;
+    /// `header`.
+    pub const HEADER: &str = "idempotency-key";
+}
+
+/// Settings given on the command line or in the environment; each wins over the file.
+///
+/// Values are the text as given: [`Config::build`] parses them with the same parsers as the
+/// file, so a bad value gives the same one-line error, naming the flag.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// `--listen` / `IDEM_LISTEN`.
+    pub listen: Option<String>,
+    /// `--upstream` / `IDEM_UPSTREAM`.
+    pub upstream: Option<String>,
+    /// `--store` / `IDEM_STORE`.
+    pub store: Option<String>,
+    /// `--retention` / `IDEM_RETENTION`: every route's retention.
+    pub retention: Option<String>,
+    /// `--lease` / `IDEM_LEASE`: every route's lease.
+    pub lease: Option<String>,
+    /// `--admin-listen` / `IDEM_ADMIN_LISTEN`.
+    pub admin_listen: Option<String>,
+    /// `--admin-token` / `IDEM_ADMIN_TOKEN`.
+    pub admin_token: Option<String>,
+    /// `--no-admin`: no admin listener.
+    pub no_admin: bool,
+}
+
+/// The validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The public listener.
+    pub server: ServerConfig,
+    /// The upstream; `None` when neither the file nor the flags name one (`serve` needs it).
+    pub upstream: Option<UpstreamConfig>,
+    /// The store.
+    pub store: StoreConfig,
+    /// The admin listener; `None` when disabled.
+    pub admin: Option<AdminConfig>,
+    /// Logs.
+    pub log: LogConfig,
+    /// The routes in order, ending with the catch-all `/` route of the `[idempotency]` settings.
+    pub routes: Vec<Route>,
+}
+
+/// The public listener.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// The address to listen on.
+    pub listen: SocketAddr,
+    /// The largest request head, in bytes (431 above it).
+    pub max_header_bytes: usize,
+    /// The most header lines (431 above it).
+    pub max_headers: usize,
+    /// How long in-flight requests may run on after a shutdown signal.
+    pub shutdown_grace: Duration,
+}
+
+/// The upstream service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UpstreamConfig {
+    /// Its base URL.
+    pub url: UpstreamUrl,
+    /// The limit to connect (502 after it).
+    pub connect_timeout: Duration,
+    /// The limit for the response head (504 after it).
+    pub timeout: Duration,
+    /// How long idle pooled connections are kept.
+    pub pool_idle_timeout: Duration,
+    /// The most idle pooled connections.
+    pub pool_max_idle: usize,
+}
+
+/// The store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// Which store.
+    pub spec: StoreSpec,
+    /// The namespace of this gateway's records.
+    pub namespace: String,
+    /// The memory store's capacity, in records.
+    pub memory_capacity: NonZeroUsize,
+}
+
+/// The admin listener.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminConfig {
+    /// Its address.
+    pub listen: SocketAddr,
+    /// The bearer token every request must carry, when set.
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminConfig")
+            .field("listen", &self.listen)
+            .field("token", &self.token.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+/// Logs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogConfig {
+    /// Text or JSON lines.
+    pub format: LogFormat,
+    /// The tracing filter.
+    pub level: String,
+}
+
+/// One route: the paths it covers and its settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route {
+    /// Its name in logs and metrics.
+    pub name: String,
+    /// The paths it covers.
+    pub path: PathPattern,
+    /// What the idempotency layer does on it.
+    pub settings: RouteSettings,
+}
+
+/// The idempotency settings of a route: what the idem-http layer is built from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteSettings {
+    /// `false`: the route is proxied untouched.
+    pub enabled: bool,
+    /// The key header.
+    pub header: HeaderName,
+    /// The covered methods.
+    pub methods: Vec<Method>,
+    /// Key required or optional.
+    pub key: KeyMode,
+    /// Where the scope comes from.
+    pub scope: ScopeSpec,
+    /// The lease of a claim.
+    pub lease: Duration,
+    /// The heartbeat interval (shorter than the lease).
+    pub heartbeat: Duration,
+    /// How long a stored response is kept.
+    pub retention: Duration,
+    /// Bounded wait for an in-flight original; `None`: answer 409 at once.
+    pub wait: Option<Duration>,
+    /// The request body limit of covered requests.
+    pub request_body_limit: NonZeroUsize,
+    /// The largest stored response.
+    pub storage_cap: NonZeroUsize,
+    /// Whether 5xx responses are stored.
+    pub store_server_errors: bool,
+    /// Fail closed or open when the store is down.
+    pub on_store_error: OnStoreError,
+    /// Strict key syntax.
+    pub strict_keys: bool,
+    /// Response headers stored after all.
+    pub allow_headers: Vec<HeaderName>,
+    /// Response headers never stored.
+    pub deny_headers: Vec<HeaderName>,
+    /// Whether logs carry keys as sent.
+    pub log_keys: bool,
+}
+
+/// Headers that describe one connection: never stored, so never allowed.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "content-length",
+];
+
+/// Where the configuration came from, to turn byte offsets into `file:line:column`.
+#[derive(Clone, Debug, Default)]
+pub struct Origin {
+    name: Option<String>,
+    text: String,
+}
+
+impl Origin {
+    /// No file: only defaults and overrides.
+    #[must_use]
+    pub fn none() -> Self {
+        Origin::default()
+    }
+
+    /// A file named `name` (as the user wrote it) holding `text`.
+    #[must_use]
+    pub fn file(name: impl Into<String>, text: impl Into<String>) -> Self {
+        Origin {
+            name: Some(name.into()),
+            text: text.into(),
+        }
+    }
+
+    /// `file:line:column` of a byte offset (1-based), or `None` without a file.
+    pub(crate) fn position(&self, offset: usize) -> Option<String> {
+        let name = self.name.as_ref()?;
+        let before = self
+            .text
+            .get(..offset.min(self.text.len()))
+            .unwrap_or(&self.text);
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        Some(format!("{name}:{line}:{column}"))
+    }
+
+    /// An error at a byte offset of the file.
+    pub(crate) fn error_at(
+        &self,
+        offset: Option<usize>,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        let location = match (offset, &self.name) {
+            (Some(offset), _) => self.position(offset),
+            (None, name) => name.clone(),
+        };
+        ConfigError::new(location, message)
+    }
+}
+
+/// An override parsed with the file's parser; a bad value names the flag.
+fn flag<T: std::str::FromStr<Err = String>>(
+    value: Option<&String>,
+    flag: &str,
+) -> Result<Option<T>, ConfigError> {
+    value
+        .map(|text| {
+            text.parse::<T>()
+                .map_err(|err| ConfigError::new(Some(flag.to_owned()), err))
+        })
+        .transpose()
+}
+
+fn socket_addr(value: Option<&String>, name: &str) -> Result<Option<SocketAddr>, ConfigError> {
+    value
+        .map(|text| {
+            text.trim().parse::<SocketAddr>().map_err(|_| {
+                ConfigError::new(
+                    Some(name.to_owned()),
+                    format!("invalid address {text:?}: write it like 127.0.0.1:8080"),
+                )
+            })
+        })
+        .transpose()
+}
+
+fn positive(
+    value: Duration,
+    what: &str,
+    origin: &Origin,
+    at: Option<usize>,
+) -> Result<Duration, ConfigError> {
+    if value.is_zero() {
+        return Err(origin.error_at(at, format!("{what} must be longer than zero")));
+    }
+    Ok(value)
+}
+
+fn nonzero(
+    value: u64,
+    what: &str,
+    origin: &Origin,
+    at: Option<usize>,
+) -> Result<NonZeroUsize, ConfigError> {
+    usize::try_from(value)
+        .ok()
+        .and_then(NonZeroUsize::new)
+        .ok_or_else(|| origin.error_at(at, format!("{what} must be at least 1 byte")))
+}
+
+fn header_names(
+    names: &[String],
+    allow: bool,
+    origin: &Origin,
+    at: Option<usize>,
+) -> Result<Vec<HeaderName>, ConfigError> {
+    names
+        .iter()
+        .map(|name| {
+            let header = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| origin.error_at(at, format!("{name:?} is not a header name")))?;
+            if allow && HOP_BY_HOP.contains(&header.as_str()) {
+                return Err(origin.error_at(
+                    at,
+                    format!(
+                        "{name} describes one connection and is never stored: it cannot be allowed"
+                    ),
+                ));
+            }
+            Ok(header)
+        })
+        .collect()
+}
+
+/// Resolves a route section over its parent's settings, then applies the duration overrides.
+fn settings(
+    section: &RouteSection,
+    parent: &RouteSettings,
+    lease_override: Option<Duration>,
+    retention_override: Option<Duration>,
+    origin: &Origin,
+    at: Option<usize>,
+) -> Result<RouteSettings, ConfigError> {
+    let lease = positive(
+        lease_override
+            .or(section.lease.map(|d| d.0))
+            .unwrap_or(parent.lease),
+        "the lease",
+        origin,
+        at,
+    )?;
+    // A heartbeat not set here is inherited; when this level changes the lease, it is also
+    // kept to at most a third of the new lease.
+    let heartbeat = match section.heartbeat {
+        Some(HumanDuration(beat)) => beat,
+        None if lease == parent.lease => parent.heartbeat,
+        None => parent.heartbeat.min(lease / 3),
+    };
+    let heartbeat = positive(heartbeat, "the heartbeat", origin, at)?;
+    if heartbeat >= lease {
+        return Err(origin.error_at(
+            at,
+            format!(
+                "the heartbeat ({}) must be shorter than the lease ({})",
+                HumanDuration(heartbeat),
+                HumanDuration(lease)
+            ),
+        ));
+    }
+    let retention = positive(
+        retention_override
+            .or(section.retention.map(|d| d.0))
+            .unwrap_or(parent.retention),
+        "the retention",
+        origin,
+        at,
+    )?;
+    let header = match &section.header {
+        Some(name) => HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| origin.error_at(at, format!("header {name:?} is not a header name")))?,
+        None => parent.header.clone(),
+    };
+    let methods = match &section.methods {
+        Some(methods) if methods.is_empty() => {
+            return Err(origin.error_at(
+                at,
+                "methods is empty: cover at least one method (or set enabled = false)",
+            ));
+        }
+        Some(methods) => methods.iter().map(|m| m.0.clone()).collect(),
+        None => parent.methods.clone(),
+    };
+    let wait = match section.wait {
+        Some(HumanDuration(d)) if d.is_zero() => None,
+        Some(HumanDuration(d)) => Some(d),
+        None => parent.wait,
+    };
+    let request_body_limit = match section.request_body_limit {
+        Some(ByteSize(n)) => nonzero(n, "request_body_limit", origin, at)?,
+        None => parent.request_body_limit,
+    };
+    let storage_cap = match section.storage_cap {
+        Some(ByteSize(n)) => nonzero(n, "storage_cap", origin, at)?,
+        None => parent.storage_cap,
+    };
+    let allow_headers = match &section.allow_headers {
+        Some(names) => header_names(names, true, origin, at)?,
+        None => parent.allow_headers.clone(),
+    };
+    let deny_headers = match &section.deny_headers {
+        Some(names) => header_names(names, false, origin, at)?,
+        None => parent.deny_headers.clone(),
+    };
+    Ok(RouteSettings {
+        enabled: section.enabled.unwrap_or(parent.enabled),
+        header,
+        methods,
+        key: section.key.unwrap_or(parent.key),
+        scope: section
+            .scope
+            .clone()
+            .unwrap_or_else(|| parent.scope.clone()),
+        lease,
+        heartbeat,
+        retention,
+        wait,
+        request_body_limit,
+        storage_cap,
+        store_server_errors: section
+            .store_server_errors
+            .unwrap_or(parent.store_server_errors),
+        on_store_error: section.on_store_error.unwrap_or(parent.on_store_error),
+        strict_keys: section.strict_keys.unwrap_or(parent.strict_keys),
+        allow_headers,
+        deny_headers,
+        log_keys: section.log_keys.unwrap_or(parent.log_keys),
+    })
+}
+
+impl Default for RouteSettings {
+    /// The documented defaults (DESIGN.md section 5).
+    fn default() -> Self {
+        RouteSettings {
+            enabled: true,
+            header: HeaderName::from_static(defaults::HEADER),
+            methods: vec![Method::POST, Method::PATCH],
+            key: KeyMode::Optional,
+            scope: ScopeSpec::Authorization,
+            lease: defaults::LEASE,
+            heartbeat: defaults::HEARTBEAT,
+            retention: defaults::RETENTION,
+            wait: None,
+            request_body_limit: NonZeroUsize::new(defaults::REQUEST_BODY_LIMIT)
+                .unwrap_or(NonZeroUsize::MIN),
+            storage_cap: NonZeroUsize::new(defaults::STORAGE_CAP).unwrap_or(NonZeroUsize::MIN),
+            store_server_errors: false,
+            on_store_error: OnStoreError::FailClosed,
+            strict_keys: false,
+            allow_headers: Vec::new(),
+            deny_headers: Vec::new(),
+            log_keys: true,
+        }
+    }
+}
+
+impl Config {
+    /// THE function that turns a parsed file and the overrides into a validated configuration:
+    /// every default is applied and every setting checked here, and nothing in it panics. Each
+    /// error is one line naming where the bad value is (`file:line:column`, or the flag).
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the first setting refused.
+    pub fn build(
+        file: FileConfig,
+        overrides: &Overrides,
+        origin: &Origin,
+    ) -> Result<Config, ConfigError> {
+        // Overrides first: a bad flag is reported even when the file is fine.
+        let listen = socket_addr(overrides.listen.as_ref(), "--listen")?;
+        let upstream_url = flag::<UpstreamUrl>(overrides.upstream.as_ref(), "--upstream")?;
+        let store_spec = flag::<StoreSpec>(overrides.store.as_ref(), "--store")?;
+        let retention =
+            flag::<HumanDuration>(overrides.retention.as_ref(), "--retention")?.map(|d| d.0);
+        let lease = flag::<HumanDuration>(overrides.lease.as_ref(), "--lease")?.map(|d| d.0);
+        let admin_listen = socket_addr(overrides.admin_listen.as_ref(), "--admin-listen")?;
+        for (value, name) in [(lease, "--lease"), (retention, "--retention")] {
+            if value.is_some_and(|d| d.is_zero()) {
+                return Err(ConfigError::new(
+                    Some(name.to_owned()),
+                    "must be longer than zero",
+                ));
+            }
+        }
+
+        let FileConfig {
+            server,
+            upstream,
+            store,
+            admin,
+            log,
+            idempotency,
+            routes,
+        } = file;
+
+        let max_header_bytes = match &server.max_header_bytes {
+            Some(spanned) => {
+                let ByteSize(n) = *spanned.get_ref();
+                usize::try_from(n)
+                    .ok()
+                    .filter(|n| *n >= defaults::MIN_HEADER_BYTES)
+                    .ok_or_else(|| {
+                        origin.error_at(
+                            Some(spanned.span().start),
+                            format!(
+                                "max_header_bytes must be at least {} (8KiB)",
+                                defaults::MIN_HEADER_BYTES
+                            ),
+                        )
+                    })?
+            }
+            None => defaults::MAX_HEADER_BYTES,
+        };
+        let max_headers = match &server.max_headers {
+            Some(spanned) if *spanned.get_ref() == 0 => {
+                return Err(
+                    origin.error_at(Some(spanned.span().start), "max_headers must be at least 1")
+                );
+            }
+            Some(spanned) => *spanned.get_ref(),
+            None => defaults::MAX_HEADERS,
+        };
+        let server = ServerConfig {
+            listen: listen.or(server.listen).unwrap_or(defaults::LISTEN),
+            max_header_bytes,
+            max_headers,
+            shutdown_grace: server
+                .shutdown_grace
+                .map_or(defaults::SHUTDOWN_GRACE, |d| d.0),
+        };
+
+        let upstream = match upstream_url.or(upstream.url.clone()) {
+            None => None,
+            Some(url) => Some(UpstreamConfig {
+                url,
+                connect_timeout: match &upstream.connect_timeout {
+                    Some(d) => positive(
+                        d.get_ref().0,
+                        "connect_timeout",
+                        origin,
+                        Some(d.span().start),
+                    )?,
+                    None => defaults::CONNECT_TIMEOUT,
+                },
+                timeout: match &upstream.timeout {
+                    Some(d) => positive(
+                        d.get_ref().0,
+                        "the upstream timeout",
+                        origin,
+                        Some(d.span().start),
+                    )?,
+                    None => defaults::UPSTREAM_TIMEOUT,
+                },
+                pool_idle_timeout: upstream
+                    .pool_idle_timeout
+                    .map_or(defaults::POOL_IDLE_TIMEOUT, |d| d.0),
+                pool_max_idle: upstream.pool_max_idle.unwrap_or(defaults::POOL_MAX_IDLE),
+            }),
+        };
+
+        let namespace = match &store.namespace {
+            Some(spanned) => {
+                let ns = spanned.get_ref();
+                let valid = !ns.is_empty()
+                    && ns.len() <= 64
+                    && ns
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+                if !valid {
+                    return Err(origin.error_at(
+                        Some(spanned.span().start),
+                        format!("namespace {ns:?}: 1 to 64 letters, digits, '_', '.' or '-'"),
+                    ));
+                }
+                ns.clone()
+            }
+            None => defaults::NAMESPACE.to_owned(),
+        };
+        let memory_capacity = match &store.memory_capacity {
+            Some(spanned) => NonZeroUsize::new(*spanned.get_ref()).ok_or_else(|| {
+                origin.error_at(
+                    Some(spanned.span().start),
+                    "memory_capacity must be at least 1",
+                )
+            })?,
+            None => NonZeroUsize::new(defaults::MEMORY_CAPACITY).unwrap_or(NonZeroUsize::MIN),
+        };
+        let store = StoreConfig {
+            spec: store_spec.or(store.url).unwrap_or(StoreSpec::Memory),
+            namespace,
+            memory_capacity,
+        };
+
+        let token = match (&overrides.admin_token, &admin.token) {
+            (Some(token), _) => Some((token.clone(), None, "--admin-token")),
+            (None, Some(spanned)) => Some((
+                spanned.get_ref().clone(),
+                Some(spanned.span().start),
+                "token",
+            )),
+            (None, None) => None,
+        };
+        let token = match token {
+            Some((token, at, name)) => {
+                if token.is_empty() || !token.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+                    let message =
+                        format!("the admin {name} must be printable ASCII without spaces");
+                    return Err(match at {
+                        Some(at) => origin.error_at(Some(at), message),
+                        None => ConfigError::new(Some(name.to_owned()), message),
+                    });
+                }
+                Some(token)
+            }
+            None => None,
+        };
+        let admin_enabled = !overrides.no_admin && admin.enabled.unwrap_or(true);
+        let admin = admin_enabled.then(|| AdminConfig {
+            listen: admin_listen
+                .or(admin.listen)
+                .unwrap_or(defaults::ADMIN_LISTEN),
+            token,
+        });
+
+        let log = LogConfig {
+            format: log.format.unwrap_or_default(),
+            level: log.level.unwrap_or_else(|| defaults::LOG_LEVEL.to_owned()),
+        };
+
+        let base = RouteSettings::default();
+        let (top, top_at) = match &idempotency {
+            Some(spanned) => (spanned.get_ref().clone(), Some(spanned.span().start)),
+            None => (RouteSection::default(), None),
+        };
+        if top.path.is_some() || top.name.is_some() {
+            return Err(origin.error_at(
+                top_at,
+                "[idempotency] takes no name or path: those are for [[route]] entries",
+            ));
+        }
+        let defaults = settings(&top, &base, lease, retention, origin, top_at)?;
+        let mut resolved = Vec::with_capacity(routes.len() + 1);
+        for (index, spanned) in routes.iter().enumerate() {
+            let at = Some(spanned.span().start);
+            let section = spanned.get_ref();
+            let Some(path) = section.path.clone() else {
+                return Err(origin.error_at(at, format!("route {} has no path", index + 1)));
+            };
+            resolved.push(Route {
+                name: section.name.clone().unwrap_or_else(|| path.to_string()),
+                path,
+                settings: settings(section, &defaults, lease, retention, origin, at)?,
+            });
+        }
+        resolved.push(Route {
+            name: "default".to_owned(),
+            path: PathPattern::Prefix("/".to_owned()),
+            settings: defaults,
+        });
+
+        Ok(Config {
+            server,
+            upstream,
+            store,
+            admin,
+            log,
+            routes: resolved,
+        })
+    }
+
+    /// The first route that covers `path` (the catch-all `/` route covers every path).
+    #[must_use]
+    pub fn route_for(&self, path: &str) -> Option<&Route> {
+        self.routes.iter().find(|route| route.path.matches(path))
+    }
+
+    /// The upstream, or the error `serve` gives without one.
+    ///
+    /// # Errors
+    /// [`ConfigError`] when no upstream is configured.
+    pub fn require_upstream(&self) -> Result<&UpstreamConfig, ConfigError> {
+        self.upstream.as_ref().ok_or_else(|| {
+            ConfigError::new(
+                None,
+                "no upstream: set [upstream] url in the config, --upstream or IDEM_UPSTREAM",
+            )
+        })
+    }
+}
+
+/// The address the demo and tests bind to: 127.0.0.1 on a free port.
+#[must_use]
+pub fn loopback_any_port() -> SocketAddr {
+    SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 0)
+}

@@ -1,0 +1,176 @@
+//! The configuration file as written: serde types with `deny_unknown_fields`. Every field is
+//! optional here; [`super::internal`] applies the defaults and checks the settings together.
+//!
+//! `idem.example.toml` at the root of this crate documents every key with its default.
+
+use std::net::SocketAddr;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::value::{
+    ByteSize, HumanDuration, MethodName, PathPattern, ScopeSpec, StoreSpec, UpstreamUrl,
+};
+
+/// The whole file.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FileConfig {
+    /// `[server]`: the public listener.
+    pub server: ServerSection,
+    /// `[upstream]`: the service behind the gateway.
+    pub upstream: UpstreamSection,
+    /// `[store]`: where records are kept.
+    pub store: StoreSection,
+    /// `[admin]`: the admin listener.
+    pub admin: AdminSection,
+    /// `[log]`: logs.
+    pub log: LogSection,
+    /// `[idempotency]`: the settings of every route, unless a route sets its own.
+    pub idempotency: Option<Spanned<RouteSection>>,
+    /// `[[route]]`: routes, matched in order; the first that covers the path wins.
+    #[serde(rename = "route")]
+    pub routes: Vec<Spanned<RouteSection>>,
+}
+
+/// `[server]`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    /// The public address.
+    pub listen: Option<SocketAddr>,
+    /// The largest request head (request line and headers); larger -> 431.
+    pub max_header_bytes: Option<Spanned<ByteSize>>,
+    /// The most header lines in a request; more -> 431.
+    pub max_headers: Option<Spanned<usize>>,
+    /// How long in-flight requests may run on after SIGTERM or SIGINT.
+    pub shutdown_grace: Option<HumanDuration>,
+}
+
+/// `[upstream]`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamSection {
+    /// `http://HOST[:PORT]`.
+    pub url: Option<UpstreamUrl>,
+    /// The limit to open a connection (502 after it).
+    pub connect_timeout: Option<Spanned<HumanDuration>>,
+    /// The limit for the upstream's response head (504 after it).
+    pub timeout: Option<Spanned<HumanDuration>>,
+    /// How long an idle pooled connection is kept.
+    pub pool_idle_timeout: Option<HumanDuration>,
+    /// The most idle pooled connections kept.
+    pub pool_max_idle: Option<usize>,
+}
+
+/// `[store]`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreSection {
+    /// `memory`, `redis://...`, `postgres://...` or `redb:PATH`.
+    pub url: Option<StoreSpec>,
+    /// A prefix that separates this gateway's records from others' in a shared store.
+    pub namespace: Option<Spanned<String>>,
+    /// The memory store's most records.
+    pub memory_capacity: Option<Spanned<usize>>,
+}
+
+/// `[admin]`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminSection {
+    /// Whether the admin listener runs.
+    pub enabled: Option<bool>,
+    /// Its address.
+    pub listen: Option<SocketAddr>,
+    /// A bearer token every admin request must carry.
+    pub token: Option<Spanned<String>>,
+}
+
+/// `[log]`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSection {
+    /// `text` or `json`.
+    pub format: Option<LogFormat>,
+    /// A tracing filter (`info`, `idem=debug,info`); `RUST_LOG` wins over it.
+    pub level: Option<String>,
+}
+
+/// How logs are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Whether a covered request must carry a key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyMode {
+    /// Without a key the request passes through; nothing is stored.
+    #[default]
+    Optional,
+    /// Without a key the request is refused with 400.
+    Required,
+}
+
+/// What to do when the store cannot be reached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnStoreError {
+    /// 503 with `Retry-After`; the upstream is not called.
+    #[default]
+    FailClosed,
+    /// Call the upstream without a record; the response is marked unrecorded.
+    FailOpen,
+}
+
+/// `[idempotency]` and each `[[route]]`: the idempotency settings of a path. `name` and `path`
+/// are for routes only.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSection {
+    /// A name for logs and metrics (default: the path).
+    pub name: Option<String>,
+    /// The path prefix or glob the route covers (routes only; required there).
+    pub path: Option<PathPattern>,
+    /// `false` proxies the route untouched.
+    pub enabled: Option<bool>,
+    /// The key header's name.
+    pub header: Option<String>,
+    /// The methods the layer covers; others pass through.
+    pub methods: Option<Vec<MethodName>>,
+    /// `optional` or `required`.
+    pub key: Option<KeyMode>,
+    /// `authorization`, `none` or `header:NAME`.
+    pub scope: Option<ScopeSpec>,
+    /// How long a claim holds before another request may take it over.
+    pub lease: Option<HumanDuration>,
+    /// How often a running request's lease is extended.
+    pub heartbeat: Option<HumanDuration>,
+    /// How long a stored response is kept.
+    pub retention: Option<HumanDuration>,
+    /// Wait up to this long for an in-flight original instead of answering 409 (`0s`: off).
+    pub wait: Option<HumanDuration>,
+    /// The largest request body on covered requests; larger -> 413.
+    pub request_body_limit: Option<ByteSize>,
+    /// The largest response stored (encoded, compressed).
+    pub storage_cap: Option<ByteSize>,
+    /// Store 5xx responses too (Stripe's way).
+    pub store_server_errors: Option<bool>,
+    /// `fail_closed` or `fail_open`.
+    pub on_store_error: Option<OnStoreError>,
+    /// Accept only RFC 8941 sf-string keys (`"abc"`), not bare ones.
+    pub strict_keys: Option<bool>,
+    /// Response headers stored after all (`set-cookie`, `date`, ...).
+    pub allow_headers: Option<Vec<String>>,
+    /// Response headers never stored.
+    pub deny_headers: Option<Vec<String>>,
+    /// Whether logs carry keys as sent (`true`) or only their digest.
+    pub log_keys: Option<bool>,
+}

@@ -1,0 +1,578 @@
+//! The value types of the configuration: each parses from text (the file and the flags use the
+//! same parser, so both give the same error), and never panics on any input.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use http::{Method, Uri};
+use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
+
+/// Implements `Deserialize` through `FromStr`, so a bad value is reported by toml with the
+/// position of the value.
+macro_rules! deserialize_from_str {
+    ($ty:ty, $expecting:literal) => {
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                struct V;
+                impl Visitor<'_> for V {
+                    type Value = $ty;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str($expecting)
+                    }
+                    fn visit_str<E: de::Error>(self, text: &str) -> Result<$ty, E> {
+                        text.parse().map_err(E::custom)
+                    }
+                }
+                deserializer.deserialize_str(V)
+            }
+        }
+    };
+}
+
+/// A duration written the human way: `30s`, `24h`, `1h 30m`, `250ms`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HumanDuration(pub Duration);
+
+impl FromStr for HumanDuration {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        humantime::parse_duration(text.trim())
+            .map(HumanDuration)
+            .map_err(|err| {
+                format!("invalid duration {text:?}: {err} (write it like 30s, 24h or 1h 30m)")
+            })
+    }
+}
+
+deserialize_from_str!(HumanDuration, "a duration such as \"30s\" or \"24h\"");
+
+impl fmt::Display for HumanDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_duration(self.0))
+    }
+}
+
+/// A size in bytes: an integer, or text with a unit (`512`, `64KiB`, `1MiB`, `1GiB`; `kB`,
+/// `MB`, `GB` are powers of 1000).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ByteSize(pub u64);
+
+impl FromStr for ByteSize {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let trimmed = text.trim();
+        let split = trimmed
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(trimmed.len());
+        let (digits, unit) = trimmed.split_at(split);
+        let bad = || format!("invalid size {text:?}: write it like 1048576, 64KiB or 1MiB");
+        let number: u64 = digits.parse().map_err(|_| bad())?;
+        let factor: u64 = match unit.trim() {
+            "" | "B" => 1,
+            "KiB" => 1 << 10,
+            "MiB" => 1 << 20,
+            "GiB" => 1 << 30,
+            "kB" | "KB" => 1_000,
+            "MB" => 1_000_000,
+            "GB" => 1_000_000_000,
+            _ => return Err(bad()),
+        };
+        number
+            .checked_mul(factor)
+            .map(ByteSize)
+            .ok_or_else(|| format!("size {text:?} is too large"))
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = ByteSize;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a size in bytes, such as 1048576 or \"1MiB\"")
+            }
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<ByteSize, E> {
+                u64::try_from(n)
+                    .map(ByteSize)
+                    .map_err(|_| E::custom(format!("invalid size {n}: a size is not negative")))
+            }
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<ByteSize, E> {
+                Ok(ByteSize(n))
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<ByteSize, E> {
+                text.parse().map_err(E::custom)
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// Where records are kept.
+#[derive(Clone, PartialEq, Eq)]
+pub enum StoreSpec {
+    /// In this process (`memory`): gone when it exits, not shared between gateways.
+    Memory,
+    /// A Redis server (`redis://HOST[:PORT][/DB]`, `rediss://` for TLS).
+    Redis(String),
+    /// A PostgreSQL database (`postgres://USER@HOST[:PORT]/DB`).
+    Postgres(String),
+    /// An embedded durable file (`redb:PATH`).
+    Redb(PathBuf),
+}
+
+impl StoreSpec {
+    /// The store's kind: `memory`, `redis`, `postgres` or `redb` (the `store` label of metrics).
+    #[must_use]
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreSpec::Memory => "memory",
+            StoreSpec::Redis(_) => "redis",
+            StoreSpec::Postgres(_) => "postgres",
+            StoreSpec::Redb(_) => "redb",
+        }
+    }
+}
+
+const STORE_FORMS: &str =
+    "expected memory, redis://HOST[:PORT][/DB], postgres://USER@HOST[:PORT]/DB or redb:PATH";
+
+/// Checks the authority of a URL (`[user[:password]@]host[:port]`): a host, and a port that is a
+/// number from 1 to 65535.
+fn check_authority(text: &str, rest: &str) -> Result<(), String> {
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
+    let (host, port) = if let Some(bracketed) = host_port.strip_prefix('[') {
+        match bracketed.split_once(']') {
+            Some((host, after)) => (host, after.strip_prefix(':')),
+            None => {
+                return Err(format!(
+                    "invalid store URL {text:?}: unclosed [ in the host"
+                ));
+            }
+        }
+    } else {
+        match host_port.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (host_port, None),
+        }
+    };
+    if host.is_empty() && !authority.is_empty() || authority.is_empty() && !rest.starts_with('/') {
+        return Err(format!("invalid store URL {text:?}: no host"));
+    }
+    if let Some(port) = port {
+        match port.parse::<u16>() {
+            Ok(p) if p > 0 => {}
+            _ => {
+                return Err(format!(
+                    "invalid store URL {text:?}: port {port:?} is not a number from 1 to 65535"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+impl FromStr for StoreSpec {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let text = text.trim();
+        if text == "memory" || text == "memory:" {
+            return Ok(StoreSpec::Memory);
+        }
+        if let Some(path) = text.strip_prefix("redb:") {
+            let path = path.strip_prefix("//").unwrap_or(path);
+            if path.is_empty() {
+                return Err(format!(
+                    "invalid store {text:?}: redb:PATH needs a file path"
+                ));
+            }
+            return Ok(StoreSpec::Redb(PathBuf::from(path)));
+        }
+        let Some((scheme, rest)) = text.split_once("://") else {
+            return Err(format!("unknown store {text:?}: {STORE_FORMS}"));
+        };
+        match scheme {
+            "redis" | "rediss" => {
+                check_authority(text, rest)?;
+                Ok(StoreSpec::Redis(text.to_owned()))
+            }
+            "postgres" | "postgresql" => {
+                check_authority(text, rest)?;
+                Ok(StoreSpec::Postgres(text.to_owned()))
+            }
+            _ => Err(format!(
+                "unknown store scheme {scheme:?} in {text:?}: {STORE_FORMS}"
+            )),
+        }
+    }
+}
+
+deserialize_from_str!(
+    StoreSpec,
+    "a store: \"memory\", \"redis://...\", \"postgres://...\" or \"redb:PATH\""
+);
+
+/// Hides the password of a URL (`redis://user:secret@host` -> `redis://user:***@host`).
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+            let hidden = if userinfo.contains(':') { ":***" } else { "" };
+            format!("{scheme}://{user}{hidden}@{host}{tail}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+impl fmt::Display for StoreSpec {
+    /// The store as written, with any password hidden.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreSpec::Memory => f.write_str("memory"),
+            StoreSpec::Redis(url) | StoreSpec::Postgres(url) => f.write_str(&redact(url)),
+            StoreSpec::Redb(path) => write!(f, "redb:{}", path.display()),
+        }
+    }
+}
+
+impl fmt::Debug for StoreSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StoreSpec({self})")
+    }
+}
+
+/// The upstream's base URL: `http://HOST[:PORT]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UpstreamUrl {
+    /// `http`.
+    pub scheme: http::uri::Scheme,
+    /// `HOST[:PORT]`.
+    pub authority: http::uri::Authority,
+}
+
+impl FromStr for UpstreamUrl {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let text = text.trim();
+        let uri: Uri = text
+            .parse()
+            .map_err(|err| format!("invalid upstream URL {text:?}: {err}"))?;
+        let parts = uri.into_parts();
+        let (Some(scheme), Some(authority)) = (parts.scheme, parts.authority) else {
+            return Err(format!(
+                "invalid upstream URL {text:?}: write it like http://127.0.0.1:3000"
+            ));
+        };
+        if scheme != http::uri::Scheme::HTTP {
+            return Err(format!(
+                "unsupported upstream scheme {:?} in {text:?}: idem speaks plain http to its upstream",
+                scheme.as_str()
+            ));
+        }
+        if authority.host().is_empty() || authority.as_str().contains('@') {
+            return Err(format!(
+                "invalid upstream URL {text:?}: write it like http://127.0.0.1:3000"
+            ));
+        }
+        if parts
+            .path_and_query
+            .is_some_and(|pq| pq.as_str() != "/" && !pq.as_str().is_empty())
+        {
+            return Err(format!(
+                "invalid upstream URL {text:?}: no path or query (requests keep their own path)"
+            ));
+        }
+        Ok(UpstreamUrl { scheme, authority })
+    }
+}
+
+deserialize_from_str!(
+    UpstreamUrl,
+    "an upstream URL such as \"http://127.0.0.1:3000\""
+);
+
+impl fmt::Display for UpstreamUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}://{}", self.scheme, self.authority)
+    }
+}
+
+/// Which paths a route covers: a prefix (`/payments` covers `/payments` and `/payments/...`,
+/// not `/paymentsx`) or a glob (`*` stands for any text within one segment, `**` for any number
+/// of whole segments: `/v1/*/orders/**`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PathPattern {
+    /// A path prefix, at segment boundaries.
+    Prefix(String),
+    /// A glob over segments.
+    Glob(Vec<String>),
+}
+
+impl FromStr for PathPattern {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if !text.starts_with('/') {
+            return Err(format!("invalid path {text:?}: a route path starts with /"));
+        }
+        if text.bytes().any(|b| !(0x21..=0x7e).contains(&b)) {
+            return Err(format!(
+                "invalid path {text:?}: only printable ASCII without spaces (percent-encode the rest)"
+            ));
+        }
+        if !text.contains('*') {
+            return Ok(PathPattern::Prefix(text.to_owned()));
+        }
+        let segments: Vec<String> = text[1..].split('/').map(str::to_owned).collect();
+        if let Some(bad) = segments
+            .iter()
+            .find(|s| s.contains("**") && s.as_str() != "**")
+        {
+            return Err(format!(
+                "invalid path {text:?}: ** stands alone in a segment ({bad:?})"
+            ));
+        }
+        Ok(PathPattern::Glob(segments))
+    }
+}
+
+deserialize_from_str!(
+    PathPattern,
+    "a path prefix or glob such as \"/payments\" or \"/v1/*/orders/**\""
+);
+
+/// Whether `text` matches `pattern`, where `*` matches any run of characters.
+fn wildcard(pattern: &str, text: &str) -> bool {
+    let (p, t) = (pattern.as_bytes(), text.as_bytes());
+    let (mut pi, mut ti) = (0, 0);
+    let mut backtrack: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() && p[pi] == b'*' {
+            backtrack = Some((pi, ti));
+            pi += 1;
+        } else if pi < p.len() && p[pi] == t[ti] {
+            pi += 1;
+            ti += 1;
+        } else if let Some((star, matched)) = backtrack {
+            pi = star + 1;
+            ti = matched + 1;
+            backtrack = Some((star, matched + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&b| b == b'*')
+}
+
+/// Whether the path segments match the glob segments (`**` spans zero or more segments).
+fn glob(pattern: &[String], path: &[&str]) -> bool {
+    match pattern.split_first() {
+        None => path.is_empty(),
+        Some((first, rest)) if first == "**" => {
+            (0..=path.len()).any(|skip| glob(rest, &path[skip..]))
+        }
+        Some((first, rest)) => path
+            .split_first()
+            .is_some_and(|(segment, tail)| wildcard(first, segment) && glob(rest, tail)),
+    }
+}
+
+impl PathPattern {
+    /// Whether a request path (without the query) is covered.
+    #[must_use]
+    pub fn matches(&self, path: &str) -> bool {
+        match self {
+            PathPattern::Prefix(prefix) => {
+                path.starts_with(prefix.as_str())
+                    && (path.len() == prefix.len()
+                        || prefix.ends_with('/')
+                        || path.as_bytes().get(prefix.len()) == Some(&b'/'))
+            }
+            PathPattern::Glob(segments) => {
+                let Some(rest) = path.strip_prefix('/') else {
+                    return false;
+                };
+                let parts: Vec<&str> = rest.split('/').collect();
+                glob(segments, &parts)
+            }
+        }
+    }
+}
+
+impl fmt::Display for PathPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PathPattern::Prefix(prefix) => f.write_str(prefix),
+            PathPattern::Glob(segments) => write!(f, "/{}", segments.join("/")),
+        }
+    }
+}
+
+/// An HTTP method name (`POST`; lower case is taken as upper case).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MethodName(pub Method);
+
+impl FromStr for MethodName {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Method::from_bytes(text.trim().to_ascii_uppercase().as_bytes())
+            .map(MethodName)
+            .map_err(|_| format!("invalid method {text:?}"))
+    }
+}
+
+deserialize_from_str!(MethodName, "a method name such as \"POST\"");
+
+/// Where the scope of a record comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ScopeSpec {
+    /// A hash of the `Authorization` header (`authorization`, the default).
+    Authorization,
+    /// A tenant header's value (`header:X-Tenant`).
+    Header(String),
+    /// No scope: every caller shares one namespace (`none`).
+    None,
+}
+
+impl FromStr for ScopeSpec {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.trim() {
+            "authorization" => Ok(ScopeSpec::Authorization),
+            "none" => Ok(ScopeSpec::None),
+            other => match other.strip_prefix("header:") {
+                Some(name) if http::HeaderName::from_bytes(name.as_bytes()).is_ok() => {
+                    Ok(ScopeSpec::Header(name.to_owned()))
+                }
+                _ => Err(format!(
+                    "invalid scope {text:?}: expected authorization, none or header:NAME"
+                )),
+            },
+        }
+    }
+}
+
+deserialize_from_str!(
+    ScopeSpec,
+    "a scope: \"authorization\", \"none\" or \"header:NAME\""
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_sizes() {
+        assert_eq!(
+            "30s".parse::<HumanDuration>().unwrap().0,
+            Duration::from_secs(30)
+        );
+        assert_eq!(
+            "24h".parse::<HumanDuration>().unwrap().0,
+            Duration::from_secs(86_400)
+        );
+        let err = "3x".parse::<HumanDuration>().unwrap_err();
+        assert!(err.contains("invalid duration \"3x\""), "{err}");
+        assert_eq!("1MiB".parse::<ByteSize>().unwrap().0, 1 << 20);
+        assert_eq!("512".parse::<ByteSize>().unwrap().0, 512);
+        assert!("1 TB".parse::<ByteSize>().is_err());
+        assert!("99999999999999GiB".parse::<ByteSize>().is_err());
+        assert!("".parse::<ByteSize>().is_err());
+    }
+
+    #[test]
+    fn stores() {
+        assert_eq!("memory".parse::<StoreSpec>().unwrap(), StoreSpec::Memory);
+        assert_eq!(
+            "redis://127.0.0.1:6379/0"
+                .parse::<StoreSpec>()
+                .unwrap()
+                .kind(),
+            "redis"
+        );
+        assert_eq!(
+            "redb:/var/lib/idem.redb"
+                .parse::<StoreSpec>()
+                .unwrap()
+                .kind(),
+            "redb"
+        );
+        assert_eq!(
+            "postgres://u@h/test".parse::<StoreSpec>().unwrap().kind(),
+            "postgres"
+        );
+        for bad in [
+            "mysql://x",
+            "redis://",
+            "redis://h:99999",
+            "redis://h:x",
+            "redb:",
+            "",
+            "foo",
+        ] {
+            assert!(bad.parse::<StoreSpec>().is_err(), "{bad}");
+        }
+        let spec: StoreSpec = "redis://user:secret@h:6379/1".parse().unwrap();
+        assert_eq!(spec.to_string(), "redis://user:***@h:6379/1");
+    }
+
+    #[test]
+    fn upstreams() {
+        let url: UpstreamUrl = "http://127.0.0.1:3000".parse().unwrap();
+        assert_eq!(url.to_string(), "http://127.0.0.1:3000");
+        assert!("http://127.0.0.1:3000/".parse::<UpstreamUrl>().is_ok());
+        for bad in [
+            "https://x",
+            "127.0.0.1:3000",
+            "http://h/base",
+            "ftp://h",
+            "http://u@h",
+            "",
+        ] {
+            assert!(bad.parse::<UpstreamUrl>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn paths() {
+        let prefix: PathPattern = "/payments".parse().unwrap();
+        assert!(prefix.matches("/payments") && prefix.matches("/payments/7"));
+        assert!(!prefix.matches("/paymentsx") && !prefix.matches("/"));
+        let root: PathPattern = "/".parse().unwrap();
+        assert!(root.matches("/anything/at/all"));
+        let glob: PathPattern = "/v1/*/orders/**".parse().unwrap();
+        assert!(glob.matches("/v1/acme/orders") && glob.matches("/v1/acme/orders/7/items"));
+        assert!(!glob.matches("/v1/acme/refunds/7") && !glob.matches("/v2/acme/orders"));
+        let star: PathPattern = "/files/*.json".parse().unwrap();
+        assert!(star.matches("/files/a.json") && !star.matches("/files/a/b.json"));
+        assert!("payments".parse::<PathPattern>().is_err());
+        assert!("/a/**b".parse::<PathPattern>().is_err());
+    }
+
+    #[test]
+    fn methods_and_scopes() {
+        assert_eq!("post".parse::<MethodName>().unwrap().0, Method::POST);
+        assert!("PO ST".parse::<MethodName>().is_err());
+        assert_eq!(
+            "header:X-Tenant".parse::<ScopeSpec>().unwrap(),
+            ScopeSpec::Header("X-Tenant".into())
+        );
+        assert!("header:bad name".parse::<ScopeSpec>().is_err());
+        assert!("tenant".parse::<ScopeSpec>().is_err());
+    }
+}

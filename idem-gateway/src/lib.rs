@@ -1,0 +1,15 @@
+//! The idem gateway: idempotency in front of any HTTP service, in one binary (`idem`).
+//!
+//! `idem serve` is a reverse proxy: it records every request's `Idempotency-Key` in a store
+//! and answers a retry with the stored response instead of calling the upstream again (the
+//! HTTP semantics of `idem-http`, per route). `idem demo` runs it with a built-in upstream;
+//! `idem check-config`, `idem keys` and `idem store` are the admin commands.
+//!
+//! This library is what the binary is made of, for tests and embedding:
+//! - [`config`]: the TOML file, the overrides, and the one function that validates them;
+//! - [`cli`]: the command line;
+//! - [`commands`]: the subcommands, each returning a [`commands::Failure`] with its exit code.
+
+pub mod cli;
+pub mod commands;
+pub mod config;

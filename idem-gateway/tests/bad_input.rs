@@ -1,0 +1,198 @@
+//! Bad input to the `idem` binary: each gives one clear error line and exit code 2, never a
+//! panic.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Runs `idem` with `args`, without any IDEM_* variable of the caller's environment.
+fn idem(args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_idem"));
+    command.args(args).env("RUST_BACKTRACE", "0");
+    for (name, _) in std::env::vars() {
+        if name.starts_with("IDEM_") {
+            command.env_remove(name);
+        }
+    }
+    command.output().expect("run idem")
+}
+
+/// Writes `text` to a fresh file named `name` in a temporary directory of this test.
+fn file(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("idem-gateway-bad-input-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Asserts exit code 2 and exactly one stderr line containing every one of `needles`.
+fn assert_one_line_error(output: &Output, needles: &[&str]) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "stderr: {stderr}");
+    assert_eq!(
+        stderr.lines().count(),
+        1,
+        "one line expected, got: {stderr}"
+    );
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    for needle in needles {
+        assert!(stderr.contains(needle), "{needle:?} not in {stderr}");
+    }
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn the_shipped_example_is_valid() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/idem.example.toml");
+    let output = idem(&["check-config", example]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).starts_with("ok: "));
+    let json = idem(&["check-config", "--json", example]);
+    let value: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(value["ok"], true);
+    assert_eq!(value["routes"][0]["name"], "payments");
+    assert_eq!(value["routes"][0]["key"], "required");
+}
+
+#[test]
+fn malformed_toml_names_the_position() {
+    let bad = file(
+        "malformed.toml",
+        "[upstream\nurl = \"http://127.0.0.1:3000\"\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&bad)]),
+        &["malformed.toml:1:", "expected `]`"],
+    );
+}
+
+#[test]
+fn unknown_key_names_the_position() {
+    let bad = file(
+        "unknown.toml",
+        "[upstream]\nurl = \"http://127.0.0.1:3000\"\nretries = 3\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&bad)]),
+        &["unknown.toml:3:1", "unknown field `retries`"],
+    );
+    let bad = file(
+        "unknown-route.toml",
+        "[upstream]\nurl = \"http://h:1\"\n[[route]]\npath = \"/x\"\nleese = \"1s\"\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&bad)]),
+        &["unknown-route.toml:5:1", "`leese`"],
+    );
+}
+
+#[test]
+fn bad_duration_in_the_file_and_in_a_flag() {
+    let bad = file(
+        "duration.toml",
+        "[upstream]\nurl = \"http://127.0.0.1:3000\"\ntimeout = \"3 fortnights\"\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&bad)]),
+        &["duration.toml:3:11", "invalid duration \"3 fortnights\""],
+    );
+    let ok = file("ok.toml", "[upstream]\nurl = \"http://127.0.0.1:3000\"\n");
+    assert_one_line_error(
+        &idem(&["check-config", path(&ok), "--lease", "30 parsecs"]),
+        &["--lease", "invalid duration"],
+    );
+    assert_one_line_error(
+        &idem(&["--retention", "0s", "check-config", path(&ok)]),
+        &["--retention", "longer than zero"],
+    );
+}
+
+#[test]
+fn bad_store_url_in_the_file_and_in_a_flag() {
+    let bad = file("store.toml", "[store]\nurl = \"mysql://localhost/idem\"\n");
+    assert_one_line_error(
+        &idem(&["check-config", path(&bad)]),
+        &["store.toml:2:7", "unknown store scheme \"mysql\""],
+    );
+    let ok = file(
+        "ok-store.toml",
+        "[upstream]\nurl = \"http://127.0.0.1:3000\"\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&ok), "--store", "redis://h:99999"]),
+        &["--store", "port"],
+    );
+    // serve refuses it the same way before it binds anything.
+    assert_one_line_error(
+        &idem(&[
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--store",
+            "nosuchstore",
+        ]),
+        &["--store", "unknown store"],
+    );
+}
+
+#[test]
+fn settings_checked_together() {
+    let bad = file(
+        "heartbeat.toml",
+        "[upstream]\nurl = \"http://h:1\"\n\n[[route]]\npath = \"/p\"\nlease = \"3s\"\nheartbeat = \"5s\"\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&bad)]),
+        &["heartbeat.toml:4:1", "shorter than the lease"],
+    );
+    let bad = file(
+        "nopath.toml",
+        "[upstream]\nurl = \"http://h:1\"\n[[route]]\nkey = \"required\"\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&bad)]),
+        &["nopath.toml:3:1", "no path"],
+    );
+    let bad = file(
+        "headers.toml",
+        "[upstream]\nurl = \"http://h:1\"\n[server]\nmax_header_bytes = 100\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&bad)]),
+        &["headers.toml:4:20", "at least 8192"],
+    );
+}
+
+#[test]
+fn missing_file_and_missing_upstream() {
+    assert_one_line_error(
+        &idem(&["check-config", "/nonexistent/idem.toml"]),
+        &["cannot read the config"],
+    );
+    let empty = file("empty.toml", "");
+    assert_one_line_error(&idem(&["check-config", path(&empty)]), &["no upstream"]);
+    assert_one_line_error(
+        &idem(&["check-config", path(&empty), "--upstream", "https://x"]),
+        &["--upstream", "plain http"],
+    );
+}
+
+#[test]
+fn json_errors_are_one_object() {
+    let bad = file("json.toml", "[upstream]\nurl = 5\n");
+    let output = idem(&["check-config", "--json", path(&bad)]);
+    assert_eq!(output.status.code(), Some(2));
+    let value: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(value["ok"], false);
+    assert!(value["error"].as_str().unwrap().starts_with(path(&bad)));
+}
