@@ -1,10 +1,98 @@
-//! Idempotency-Key HTTP semantics for idem as a tower Layer.
-//!
-//! Not yet built: this crate is a placeholder in the workspace layout of the design
-//! (DESIGN.md section 2). It re-exports the contract it will implement.
+//! Idempotency-Key HTTP semantics for idem, as a tower [`Layer`](tower_layer::Layer).
 //!
 //! ```
-//! use idem_http as _;
+//! use axum::{Router, body::Body, routing::post};
+//! use http::Request;
+//! use idem_http::{Config, IdempotencyLayer};
+//! use idem_store_memory::MemoryStore;
+//! use tower::ServiceExt;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = Config::builder().require_key().build()?;
+//! let app = Router::new()
+//!     .route("/payments", post(|body: String| async move { format!("charged {body}") }))
+//!     .layer(IdempotencyLayer::with_config(MemoryStore::new(), config));
+//!
+//! let pay = || Request::post("/payments").header("Idempotency-Key", r#""pay-1""#).body(Body::from("10 EUR"));
+//! let first = app.clone().oneshot(pay()?).await?;
+//! assert_eq!(first.status(), 200);
+//!
+//! // The retry is answered from the store: the handler does not run again.
+//! let retry = app.clone().oneshot(pay()?).await?;
+//! assert_eq!(retry.headers()["idempotent-replayed"], "true");
+//! let body = axum::body::to_bytes(Body::new(retry.into_body()), 1024).await?;
+//! assert_eq!(body, "charged 10 EUR");
+//!
+//! // The same key with another body is refused.
+//! let other = Request::post("/payments").header("Idempotency-Key", r#""pay-1""#).body(Body::from("99 EUR"))?;
+//! assert_eq!(app.oneshot(other).await?.status(), 422);
+//! # Ok(())
+//! # }
 //! ```
+//!
+//! The semantics follow draft-ietf-httpapi-idempotency-key-header-07 and Stripe:
+//!
+//! - The key is the `Idempotency-Key` header, an RFC 8941 sf-string (`"abc"`), or a bare key
+//!   (`abc`) unless strict (see [`header`]). An invalid key is 400, never 500.
+//! - Covered methods (POST and PATCH by default) are handled; others pass through untouched.
+//!   Without a key, a request passes through (optional key, the default) or is refused with 400
+//!   ([`ConfigBuilder::require_key`]).
+//! - Records are scoped by a hash of the `Authorization` header by default: one principal can
+//!   never read another's stored response.
+//! - The request is fingerprinted (SHA-256 of method, path and query, and the body bytes as
+//!   received; see [`fingerprint`]) before the handler runs. The same key with another
+//!   fingerprint is 422, also while the first request is in flight, and the record is untouched.
+//! - While the first request runs, a retry gets 409 with `Retry-After` (the seconds left on the
+//!   lease, at least 1), or waits for the result in bounded wait mode.
+//! - A retry after it completed gets the stored response: same status, byte-identical body,
+//!   headers in order with repeats, plus `Idempotent-Replayed: true`. Hop-by-hop headers,
+//!   `Content-Length`, `Date`, `Set-Cookie`, `WWW-Authenticate` and `Proxy-Authenticate` are
+//!   never stored (configurable).
+//! - 2xx, 3xx and 4xx are stored, except 408, 425 and 429. Those, 5xx (unless
+//!   [`ConfigBuilder::store_server_errors`]), a handler error or panic release the key so a
+//!   retry runs the handler again.
+//! - The handler runs in a task of its own: a client that disconnects never causes a second
+//!   execution; the handler finishes and its response is stored. A heartbeat keeps the lease of
+//!   a long handler.
+//! - A request body over the limit (1 MiB) is 413 before anything runs. A response over the
+//!   storage cap (1 MiB encoded, after compression) is delivered in full to the first caller and
+//!   stored as status and headers: a retry gets them with `Idempotency-Replay: omitted` and an
+//!   empty body, and the handler never runs again.
+//! - A store that cannot be reached is 503 with `Retry-After`, the handler not run (fail
+//!   closed), or the handler runs and the response carries `Idempotency-Status: unrecorded`
+//!   ([`StoreFailure::FailOpen`]).
+//! - Refusals are RFC 9457 problem+json ([`rejection`]), replaceable. Every response carries
+//!   its [`Outcome`] in its extensions; the handler finds an [`IdempotencyContext`] (key, scope,
+//!   fence) in its request's, or extracts it with the `axum` feature.
+//!
+//! The request body type must be buildable from [`bytes::Bytes`] (axum's `Body`,
+//! `http_body_util::Full<Bytes>`), since the layer reads the body before the handler runs.
+//! Metrics names are listed in [`metrics`].
 
-pub use idem_core::Store;
+mod body;
+pub mod codec;
+pub mod config;
+mod context;
+pub mod fingerprint;
+mod future;
+pub mod header;
+mod layer;
+pub mod metrics;
+mod outcome;
+pub mod rejection;
+mod service;
+
+pub use body::ResponseBody;
+pub use config::{Config, ConfigBuilder, ConfigError, KeyPolicy, StoreFailure};
+pub use context::IdempotencyContext;
+#[cfg(feature = "axum")]
+pub use context::MissingContext;
+pub use future::ResponseFuture;
+pub use layer::IdempotencyLayer;
+pub use outcome::Outcome;
+pub use rejection::{ProblemJson, Rejection, RejectionHandler};
+pub use service::{Idempotency, REPLAY_HEADER, REPLAYED_HEADER, STATUS_HEADER};
+
+#[doc(no_inline)]
+pub use idem_core::{IdempotencyKey, Scope, Store};

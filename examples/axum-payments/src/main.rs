@@ -1,0 +1,3 @@
+//! A small payments API behind the idem idempotency layer (being built).
+
+fn main() {}

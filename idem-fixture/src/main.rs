@@ -1,0 +1,278 @@
+//! The HTTP conformance fixture of idem: a small server whose routes count their executions,
+//! behind the idempotency layer (or not, with `--bare`), for black-box tests and benchmarks.
+//!
+//! ```text
+//! idem-fixture [--listen ADDR] [--store URL] [--retention-ms N] [--lease-ms N] [--bare]
+//! ```
+//!
+//! - `--listen ADDR`: where to listen (default `127.0.0.1:0`; port 0 picks a free port). The
+//!   first line on stdout is the bound address.
+//! - `--store URL`: `memory` (the default). Remote stores (`redis://...`) are accepted once
+//!   their crate is in the workspace.
+//! - `--retention-ms N`: how long a response is kept (default 86400000, 24 h).
+//! - `--lease-ms N`: the lease of a claim (default 30000); the heartbeat runs every third of it.
+//! - `--bare`: no layer (the baseline of the benchmarks).
+//!
+//! Routes: every POST but `/reset` is behind the layer and requires a key.
+//!
+//! | route | behaviour |
+//! |---|---|
+//! | `POST /echo` | 201, echoes the body and its Content-Type (default application/octet-stream); counter +1 |
+//! | `POST /status/{code}` | answers `{code}` with body `status:{code}` text/plain; counter +1 |
+//! | `POST /slow?ms=N` | waits N ms, then 200 `slept:N` text/plain; counter +1 |
+//! | `POST /large?bytes=N` | 200 with N bytes of `x`, application/octet-stream; counter +1 |
+//! | `POST /headers` | 201 with Location, ETag, two Set-Cookie, two X-Multi, body `{"ok":true}`; counter +1 |
+//! | `GET /counter` | 200 `{"count": n}` |
+//! | `POST /reset` | 204, counter set to 0 |
+
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use idem_http::{Config, IdempotencyLayer};
+use idem_store_memory::MemoryStore;
+
+/// The largest `/large` and `/slow` arguments, so a typo cannot exhaust the machine.
+const MAX_LARGE: usize = 256 * 1024 * 1024;
+const MAX_SLOW_MS: u64 = 600_000;
+
+const USAGE: &str = "usage: idem-fixture [--listen ADDR] [--store memory] [--retention-ms N] [--lease-ms N] [--bare]";
+
+/// The command line.
+#[derive(Debug)]
+struct Args {
+    listen: String,
+    store: String,
+    retention: Duration,
+    lease: Duration,
+    bare: bool,
+}
+
+fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut parsed = Args {
+        listen: "127.0.0.1:0".to_owned(),
+        store: "memory".to_owned(),
+        retention: Duration::from_secs(24 * 60 * 60),
+        lease: Duration::from_secs(30),
+        bare: false,
+    };
+    while let Some(flag) = args.next() {
+        let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
+        let millis = |name: &str, text: String| {
+            text.parse::<u64>()
+                .ok()
+                .filter(|&ms| ms > 0)
+                .map(Duration::from_millis)
+                .ok_or_else(|| {
+                    format!("{name} takes a positive number of milliseconds, not {text:?}")
+                })
+        };
+        match flag.as_str() {
+            "--listen" => parsed.listen = value("--listen")?,
+            "--store" => parsed.store = value("--store")?,
+            "--retention-ms" => {
+                parsed.retention = millis("--retention-ms", value("--retention-ms")?)?
+            }
+            "--lease-ms" => parsed.lease = millis("--lease-ms", value("--lease-ms")?)?,
+            "--bare" => parsed.bare = true,
+            "-h" | "--help" => return Err(USAGE.to_owned()),
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    Ok(parsed)
+}
+
+/// The executions counted by the routes.
+#[derive(Clone, Default)]
+struct Counter(Arc<AtomicU64>);
+
+impl Counter {
+    fn bump(&self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// The value of `name` in a query string.
+fn query_number<T: std::str::FromStr>(query: Option<&str>, name: &str) -> Option<T> {
+    query?
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(key, _)| *key == name)
+        .and_then(|(_, value)| value.parse().ok())
+}
+
+fn text(status: StatusCode, body: String) -> Response {
+    (status, [(header::CONTENT_TYPE, "text/plain")], body).into_response()
+}
+
+async fn echo(State(counter): State<Counter>, headers: HeaderMap, body: Bytes) -> Response {
+    counter.bump();
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .cloned()
+        .unwrap_or(HeaderValue::from_static("application/octet-stream"));
+    (
+        StatusCode::CREATED,
+        [(header::CONTENT_TYPE, content_type)],
+        body,
+    )
+        .into_response()
+}
+
+async fn status(State(counter): State<Counter>, Path(code): Path<String>) -> Response {
+    let Some(status) = code
+        .parse::<u16>()
+        .ok()
+        .and_then(|code| StatusCode::from_u16(code).ok())
+        .filter(|status| !status.is_informational())
+    else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!("not a final status: {code}"),
+        );
+    };
+    counter.bump();
+    text(status, format!("status:{}", status.as_u16()))
+}
+
+async fn slow(State(counter): State<Counter>, RawQuery(query): RawQuery) -> Response {
+    let Some(ms) = query_number::<u64>(query.as_deref(), "ms").filter(|&ms| ms <= MAX_SLOW_MS)
+    else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!("slow takes ?ms=0..={MAX_SLOW_MS}"),
+        );
+    };
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    counter.bump();
+    text(StatusCode::OK, format!("slept:{ms}"))
+}
+
+async fn large(State(counter): State<Counter>, RawQuery(query): RawQuery) -> Response {
+    let Some(bytes) = query_number::<usize>(query.as_deref(), "bytes").filter(|&n| n <= MAX_LARGE)
+    else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!("large takes ?bytes=0..={MAX_LARGE}"),
+        );
+    };
+    counter.bump();
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        Body::from(vec![b'x'; bytes]),
+    )
+        .into_response()
+}
+
+async fn headers(State(counter): State<Counter>) -> Response {
+    counter.bump();
+    let mut response = (StatusCode::CREATED, r#"{"ok":true}"#).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(header::LOCATION, HeaderValue::from_static("/things/1"));
+    headers.insert(header::ETAG, HeaderValue::from_static("\"v1\""));
+    headers.append(header::SET_COOKIE, HeaderValue::from_static("a=1"));
+    headers.append(header::SET_COOKIE, HeaderValue::from_static("b=2"));
+    headers.append("x-multi", HeaderValue::from_static("one"));
+    headers.append("x-multi", HeaderValue::from_static("two"));
+    response
+}
+
+async fn count(State(counter): State<Counter>) -> Response {
+    let n = counter.0.load(Ordering::SeqCst);
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        format!("{{\"count\": {n}}}"),
+    )
+        .into_response()
+}
+
+async fn reset(State(counter): State<Counter>) -> StatusCode {
+    counter.0.store(0, Ordering::SeqCst);
+    StatusCode::NO_CONTENT
+}
+
+/// The layer for `args`, or why it cannot be built.
+fn layer(args: &Args) -> Result<IdempotencyLayer, String> {
+    let builder = Config::builder()
+        .require_key()
+        .lease(args.lease)
+        .heartbeat(args.lease / 3)
+        .retention(args.retention);
+    match args.store.as_str() {
+        "memory" => {
+            let config = builder
+                .store_label("memory")
+                .build()
+                .map_err(|e| e.to_string())?;
+            Ok(IdempotencyLayer::with_config(MemoryStore::new(), config))
+        }
+        other if other.starts_with("redis://") || other.starts_with("rediss://") => Err(format!(
+            "--store {other}: the Redis store is not in this build yet (idem-store-redis has not landed); only `memory` is available"
+        )),
+        other => Err(format!(
+            "--store {other:?}: unknown store; this build has only `memory`"
+        )),
+    }
+}
+
+fn app(args: &Args) -> Result<Router, String> {
+    let counter = Counter::default();
+    let covered = Router::new()
+        .route("/echo", post(echo))
+        .route("/status/{code}", post(status))
+        .route("/slow", post(slow))
+        .route("/large", post(large))
+        .route("/headers", post(headers));
+    let covered = if args.bare {
+        covered
+    } else {
+        covered.layer(layer(args)?)
+    };
+    Ok(covered
+        .route("/counter", get(count))
+        .route("/reset", post(reset))
+        .with_state(counter))
+}
+
+async fn serve(args: Args) -> Result<(), String> {
+    let app = app(&args)?;
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let address = listener.local_addr().map_err(|e| e.to_string())?;
+    let mut stdout = std::io::stdout();
+    writeln!(stdout, "{address}")
+        .and_then(|()| stdout.flush())
+        .map_err(|e| e.to_string())?;
+    axum::serve(listener, app).await.map_err(|e| e.to_string())
+}
+
+fn main() -> ExitCode {
+    let result = parse_args(std::env::args().skip(1)).and_then(|args| {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?
+            .block_on(serve(args))
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("idem-fixture: {message}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,530 @@
+//! Every behaviour of DESIGN.md section 5, black-box: the fixture binary on 127.0.0.1:0, a real
+//! HTTP client, on every store the build has (memory always; Redis with the `redis` feature,
+//! skipping loudly when no server answers outside CI and failing under CI=true).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use support::{Answer, Fixture, quoted, unique};
+
+/// Expands each behaviour into one test per store.
+macro_rules! on_every_store {
+    ($($behaviour:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    super::$behaviour("memory").await;
+                }
+            )*
+        }
+
+        // The Redis arm lands with the Redis store (idem-fixture's `redis` feature):
+        // each behaviour then runs once more against `super::support::redis_url()`.
+    };
+}
+
+on_every_store!(
+    quoted_and_bare_keys_are_the_same_key,
+    invalid_keys_are_400_and_run_nothing,
+    uncovered_methods_pass_through_without_a_key,
+    a_missing_key_is_400_where_required,
+    replay_is_faithful,
+    four_xx_is_stored_and_408_425_429_5xx_released,
+    mismatch_is_422_and_does_not_poison_the_record,
+    mismatch_wins_over_in_flight,
+    in_flight_is_409_with_retry_after,
+    heartbeat_keeps_the_lease_of_a_long_handler,
+    scopes_are_isolated_by_authorization,
+    client_disconnect_still_executes_once_and_replays,
+    request_body_over_the_limit_is_413,
+    chunked_and_sized_bodies_share_a_fingerprint,
+    large_responses_are_never_re_executed,
+    compressible_large_responses_replay_in_full,
+    records_expire_after_retention,
+    storm_of_200_on_one_key_executes_once,
+    storm_on_20_keys_executes_20_times,
+);
+
+fn assert_problem(answer: &Answer, status: u16) {
+    assert_eq!(answer.status.as_u16(), status, "{answer:?}");
+    assert_eq!(
+        answer.header("content-type").as_deref(),
+        Some("application/problem+json"),
+        "{answer:?}"
+    );
+    let text = answer.text();
+    assert!(text.contains(&format!("\"status\":{status}")), "{text}");
+    assert!(text.contains("\"type\":\"https://"), "{text}");
+}
+
+async fn quoted_and_bare_keys_are_the_same_key(store: &str) {
+    let fixture = Fixture::start(store, &[]);
+    let key = unique("same");
+    let first = fixture.post("/echo", &key, "a").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(!first.is_replay());
+    let bare = fixture
+        .send(
+            Method::POST,
+            "/echo",
+            &[("idempotency-key", key.as_bytes())],
+            "a",
+        )
+        .await;
+    assert_eq!(bare.status, StatusCode::CREATED);
+    assert!(
+        bare.is_replay(),
+        "a bare key names the same record: {bare:?}"
+    );
+    // Escapes are undone: "a\"b" is the key a"b.
+    let escaped = fixture
+        .send(
+            Method::POST,
+            "/echo",
+            &[("idempotency-key", format!("\"{key}\\\\x\"").as_bytes())],
+            "a",
+        )
+        .await;
+    assert_eq!(escaped.status, StatusCode::CREATED);
+    assert!(!escaped.is_replay());
+    assert_eq!(fixture.counter().await, 2);
+}
+
+async fn invalid_keys_are_400_and_run_nothing(store: &str) {
+    let fixture = Fixture::start(store, &[]);
+    let long = quoted(&"k".repeat(256));
+    let cases: Vec<(&str, Vec<Vec<u8>>)> = vec![
+        ("empty", vec![b"".to_vec()]),
+        ("empty string", vec![b"\"\"".to_vec()]),
+        ("256 bytes", vec![long.into_bytes()]),
+        ("control byte (tab)", vec![b"\"a\tb\"".to_vec()]),
+        ("non-ASCII", vec!["\"caf\u{e9}\"".as_bytes().to_vec()]),
+        (
+            "two field lines",
+            vec![b"\"a\"".to_vec(), b"\"b\"".to_vec()],
+        ),
+        (
+            "two equal field lines",
+            vec![b"\"a\"".to_vec(), b"\"a\"".to_vec()],
+        ),
+        ("a list", vec![b"\"a\", \"b\"".to_vec()]),
+        ("a bare list", vec![b"a, b".to_vec()]),
+        ("parameters", vec![b"\"a\";p=1".to_vec()]),
+        ("unterminated", vec![b"\"abc".to_vec()]),
+    ];
+    for (case, values) in cases {
+        let headers: Vec<(&str, &[u8])> = values
+            .iter()
+            .map(|v| ("idempotency-key", v.as_slice()))
+            .collect();
+        let answer = fixture.send(Method::POST, "/echo", &headers, "x").await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{case}: {answer:?}");
+        assert_problem(&answer, 400);
+    }
+    // 255 bytes is the longest key.
+    let longest = "k".repeat(255);
+    assert_eq!(
+        fixture.post("/echo", &longest, "x").await.status,
+        StatusCode::CREATED
+    );
+    // A control byte that is not a tab never reaches the layer: the HTTP parser refuses it.
+    let (status, _) = fixture
+        .raw(b"POST /echo HTTP/1.1\r\nHost: x\r\nIdempotency-Key: \"a\x01b\"\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx")
+        .await;
+    assert_eq!(status, 400);
+    assert_eq!(fixture.counter().await, 1, "only the 255-byte key ran");
+}
+
+async fn uncovered_methods_pass_through_without_a_key(store: &str) {
+    let fixture = Fixture::start(store, &[]);
+    for method in [Method::GET, Method::PUT, Method::DELETE] {
+        let answer = fixture.send(method.clone(), "/echo", &[], "x").await;
+        assert_eq!(
+            answer.status,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "{method}: {answer:?}"
+        );
+    }
+    let counter = fixture
+        .send(Method::GET, "/counter", &[], Bytes::new())
+        .await;
+    assert_eq!(counter.status, StatusCode::OK);
+    assert!(!counter.is_replay());
+    // /reset is outside the layer: no key needed.
+    let reset = fixture
+        .send(Method::POST, "/reset", &[], Bytes::new())
+        .await;
+    assert_eq!(reset.status, StatusCode::NO_CONTENT);
+}
+
+async fn a_missing_key_is_400_where_required(store: &str) {
+    let fixture = Fixture::start(store, &[]);
+    let answer = fixture.send(Method::POST, "/echo", &[], "x").await;
+    assert_problem(&answer, 400);
+    assert_eq!(fixture.counter().await, 0);
+}
+
+async fn replay_is_faithful(store: &str) {
+    let fixture = Fixture::start(store, &[]);
+    let key = unique("faithful");
+    let first = fixture.post("/headers", &key, Bytes::new()).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(first.header("set-cookie").as_deref(), Some("a=1"));
+    let replay = fixture.post("/headers", &key, Bytes::new()).await;
+    assert!(replay.is_replay());
+    assert_eq!(replay.status, StatusCode::CREATED);
+    assert_eq!(replay.body, first.body);
+    assert_eq!(replay.text(), r#"{"ok":true}"#);
+    let without_cookies: Vec<_> = first
+        .stable_headers()
+        .into_iter()
+        .filter(|(n, _)| n != "set-cookie")
+        .collect();
+    assert_eq!(replay.stable_headers(), without_cookies);
+    let multi: Vec<_> = replay
+        .headers
+        .iter()
+        .filter(|(n, _)| n == "x-multi")
+        .map(|(_, v)| v.clone())
+        .collect();
+    assert_eq!(multi, [b"one".to_vec(), b"two".to_vec()]);
+    assert_eq!(replay.header("location").as_deref(), Some("/things/1"));
+    assert_eq!(replay.header("etag").as_deref(), Some("\"v1\""));
+    assert!(replay.header("set-cookie").is_none(), "{replay:?}");
+    assert_eq!(
+        replay.header("idempotent-replayed").as_deref(),
+        Some("true")
+    );
+    // The echoed body and Content-Type come back byte for byte.
+    let bytes: Vec<u8> = (0..=255).collect();
+    let key = unique("bytes");
+    let headers = [
+        ("idempotency-key", quoted(&key).into_bytes()),
+        ("content-type", b"application/x-test".to_vec()),
+    ];
+    let headers: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (*n, v.as_slice())).collect();
+    let first = fixture
+        .send(Method::POST, "/echo", &headers, bytes.clone())
+        .await;
+    let replay = fixture
+        .send(Method::POST, "/echo", &headers, bytes.clone())
+        .await;
+    assert!(replay.is_replay());
+    assert_eq!(replay.body.as_ref(), bytes.as_slice());
+    assert_eq!(
+        replay.header("content-type").as_deref(),
+        Some("application/x-test")
+    );
+    assert_eq!(replay.stable_headers(), first.stable_headers());
+    assert_eq!(fixture.counter().await, 2);
+}
+
+async fn four_xx_is_stored_and_408_425_429_5xx_released(store: &str) {
+    let fixture = Fixture::start(store, &[]);
+    let mut expected = 0;
+    for code in [400u16, 404, 409, 410, 422, 301] {
+        let key = unique("stored");
+        let path = format!("/status/{code}");
+        let first = fixture.post(&path, &key, Bytes::new()).await;
+        let second = fixture.post(&path, &key, Bytes::new()).await;
+        expected += 1;
+        assert_eq!(first.status.as_u16(), code);
+        assert_eq!(second.status.as_u16(), code);
+        assert!(second.is_replay(), "{code} is stored: {second:?}");
+        assert_eq!(second.text(), format!("status:{code}"));
+    }
+    for code in [408u16, 425, 429, 500, 502, 503] {
+        let key = unique("released");
+        let path = format!("/status/{code}");
+        for _ in 0..2 {
+            let answer = fixture.post(&path, &key, Bytes::new()).await;
+            expected += 1;
+            assert_eq!(answer.status.as_u16(), code);
+            assert!(!answer.is_replay(), "{code} is released: {answer:?}");
+        }
+    }
+    assert_eq!(fixture.counter().await, expected);
+}
+
+async fn mismatch_is_422_and_does_not_poison_the_record(store: &str) {
+    let fixture = Fixture::start(store, &[]);
+    let key = unique("mismatch");
+    assert_eq!(
+        fixture.post("/echo", &key, "a").await.status,
+        StatusCode::CREATED
+    );
+    assert_problem(&fixture.post("/echo", &key, "b").await, 422);
+    assert_problem(&fixture.post("/echo?x=1", &key, "a").await, 422);
+    assert_problem(&fixture.post("/status/201", &key, "a").await, 422);
+    let replay = fixture.post("/echo", &key, "a").await;
+    assert!(replay.is_replay());
+    assert_eq!(replay.text(), "a");
+    assert_eq!(fixture.counter().await, 1);
+}
+
+async fn mismatch_wins_over_in_flight(store: &str) {
+    let fixture = Fixture::start(store, &[]);
+    let key = unique("inflight-mismatch");
+    let slow = {
+        let key = key.clone();
+        let fixture = &fixture;
+        async move { fixture.post("/slow?ms=800", &key, Bytes::new()).await }
+    };
+    let probe = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let other = fixture.post("/slow?ms=800", &key, "changed").await;
+        let same = fixture.post("/slow?ms=800", &key, Bytes::new()).await;
+        (other, same)
+    };
+    let (original, (other, same)) = tokio::join!(slow, probe);
+    assert_problem(&other, 422);
+    assert_problem(&same, 409);
+    assert_eq!(original.text(), "slept:800");
+    let replay = fixture.post("/slow?ms=800", &key, Bytes::new()).await;
+    assert!(replay.is_replay());
+    assert_eq!(replay.text(), "slept:800");
+    assert_eq!(fixture.counter().await, 1);
+}
+
+async fn in_flight_is_409_with_retry_after(store: &str) {
+    let fixture = Fixture::start(store, &["--lease-ms", "5000"]);
+    let key = unique("conflict");
+    let slow = fixture.post("/slow?ms=1000", &key, Bytes::new());
+    let probe = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        fixture.post("/slow?ms=1000", &key, Bytes::new()).await
+    };
+    let (original, conflict) = tokio::join!(slow, probe);
+    assert_eq!(original.status, StatusCode::OK);
+    assert_problem(&conflict, 409);
+    let retry_after: u64 = conflict
+        .header("retry-after")
+        .expect("Retry-After")
+        .parse()
+        .expect("whole seconds");
+    assert!((1..=5).contains(&retry_after), "Retry-After {retry_after}");
+    let replay = fixture.post("/slow?ms=1000", &key, Bytes::new()).await;
+    assert!(replay.is_replay());
+    assert_eq!(fixture.counter().await, 1);
+}
+
+async fn heartbeat_keeps_the_lease_of_a_long_handler(store: &str) {
+    // A 600 ms lease, beaten every 200 ms, under a 1.5 s handler: a retry at 1 s still meets
+    // the live claim instead of taking it over.
+    let fixture = Fixture::start(store, &["--lease-ms", "600"]);
+    let key = unique("heartbeat");
+    let slow = fixture.post("/slow?ms=1500", &key, Bytes::new());
+    let probe = async {
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        fixture.post("/slow?ms=1500", &key, Bytes::new()).await
+    };
+    let (original, retry) = tokio::join!(slow, probe);
+    assert_eq!(original.status, StatusCode::OK);
+    assert_problem(&retry, 409);
+    assert_eq!(fixture.counter().await, 1);
+}
+
+async fn scopes_are_isolated_by_authorization(store: &str) {
+    let fixture = Fixture::start(store, &[]);
+    let key = quoted(&unique("scoped"));
+    let as_user = |auth: &'static str, body: &'static str| {
+        let key = key.clone();
+        let fixture = &fixture;
+        async move {
+            let mut headers: Vec<(&str, &[u8])> = vec![("idempotency-key", key.as_bytes())];
+            if !auth.is_empty() {
+                headers.push(("authorization", auth.as_bytes()));
+            }
+            fixture.send(Method::POST, "/echo", &headers, body).await
+        }
+    };
+    let alice = as_user("Bearer alice", "alice's").await;
+    let bob = as_user("Bearer bob", "bob's").await;
+    let anonymous = as_user("", "anonymous").await;
+    for answer in [&alice, &bob, &anonymous] {
+        assert_eq!(answer.status, StatusCode::CREATED);
+        assert!(
+            !answer.is_replay(),
+            "another principal's record was used: {answer:?}"
+        );
+    }
+    assert_eq!(as_user("Bearer alice", "alice's").await.text(), "alice's");
+    let bob_again = as_user("Bearer bob", "bob's").await;
+    assert!(bob_again.is_replay());
+    assert_eq!(bob_again.text(), "bob's");
+    assert_eq!(fixture.counter().await, 3);
+}
+
+async fn client_disconnect_still_executes_once_and_replays(store: &str) {
+    let fixture = Fixture::start(store, &[]);
+    let key = unique("disconnect");
+    let request = format!(
+        "POST /slow?ms=700 HTTP/1.1\r\nHost: x\r\nIdempotency-Key: {}\r\nContent-Length: 0\r\n\r\n",
+        quoted(&key)
+    );
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut stream = tokio::net::TcpStream::connect(fixture.addr).await.unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        // The client goes away while the handler runs.
+    }
+    fixture.wait_for_counter(1).await;
+    let mut replay = fixture.post("/slow?ms=700", &key, Bytes::new()).await;
+    for _ in 0..50 {
+        if replay.is_replay() {
+            break;
+        }
+        assert_eq!(replay.status, StatusCode::CONFLICT, "{replay:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        replay = fixture.post("/slow?ms=700", &key, Bytes::new()).await;
+    }
+    assert!(replay.is_replay(), "{replay:?}");
+    assert_eq!(replay.text(), "slept:700");
+    assert_eq!(fixture.counter().await, 1);
+}
+
+async fn request_body_over_the_limit_is_413(store: &str) {
+    let fixture = Fixture::start(store, &[]);
+    let limit = 1024 * 1024;
+    let over = fixture
+        .post("/echo", &unique("big"), vec![b'b'; limit + 1])
+        .await;
+    assert_problem(&over, 413);
+    // Chunked, so the size is only known while reading.
+    let key = quoted(&unique("chunked-big"));
+    let mut raw = format!(
+        "POST /echo HTTP/1.1\r\nHost: x\r\nIdempotency-Key: {key}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    )
+    .into_bytes();
+    for _ in 0..17 {
+        raw.extend_from_slice(format!("{:x}\r\n", 65536).as_bytes());
+        raw.extend_from_slice(&[b'c'; 65536]);
+        raw.extend_from_slice(b"\r\n");
+    }
+    raw.extend_from_slice(b"0\r\n\r\n");
+    let (status, _) = fixture.raw(&raw).await;
+    assert_eq!(status, 413);
+    assert_eq!(fixture.counter().await, 0, "nothing ran");
+    let at_limit = fixture
+        .post("/echo", &unique("limit"), vec![b'b'; limit])
+        .await;
+    assert_eq!(at_limit.status, StatusCode::CREATED);
+    assert_eq!(at_limit.body.len(), limit);
+}
+
+async fn chunked_and_sized_bodies_share_a_fingerprint(store: &str) {
+    let fixture = Fixture::start(store, &[]);
+    let key = unique("dechunked");
+    let raw = format!(
+        "POST /echo HTTP/1.1\r\nHost: x\r\nIdempotency-Key: {}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nhel\r\n2\r\nlo\r\n0\r\n\r\n",
+        quoted(&key)
+    );
+    let (status, text) = fixture.raw(raw.as_bytes()).await;
+    assert_eq!(status, 201, "{text}");
+    let replay = fixture.post("/echo", &key, "hello").await;
+    assert!(replay.is_replay(), "{replay:?}");
+    assert_eq!(replay.text(), "hello");
+    assert_eq!(fixture.counter().await, 1);
+}
+
+async fn large_responses_are_never_re_executed(store: &str) {
+    let fixture = Fixture::start(store, &[]);
+    let key = unique("large");
+    // 20 MB: over what the layer captures (16 x the 1 MiB cap).
+    let path = "/large?bytes=20000000";
+    let first = fixture.post(path, &key, Bytes::new()).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.body.len(), 20_000_000, "the first caller gets it all");
+    assert!(first.body.iter().all(|&b| b == b'x'));
+    let retry = fixture.post(path, &key, Bytes::new()).await;
+    assert!(retry.is_replay());
+    assert_eq!(retry.status, StatusCode::OK);
+    assert_eq!(
+        retry.header("idempotency-replay").as_deref(),
+        Some("omitted")
+    );
+    assert_eq!(
+        retry.header("content-type").as_deref(),
+        Some("application/octet-stream")
+    );
+    assert!(retry.body.is_empty());
+    assert_eq!(fixture.counter().await, 1);
+}
+
+async fn compressible_large_responses_replay_in_full(store: &str) {
+    let fixture = Fixture::start(store, &[]);
+    let key = unique("compressible");
+    let path = "/large?bytes=3000000";
+    let first = fixture.post(path, &key, Bytes::new()).await;
+    let retry = fixture.post(path, &key, Bytes::new()).await;
+    assert!(retry.is_replay());
+    assert!(retry.header("idempotency-replay").is_none());
+    assert_eq!(retry.body, first.body);
+    assert_eq!(fixture.counter().await, 1);
+}
+
+async fn records_expire_after_retention(store: &str) {
+    let fixture = Fixture::start(store, &["--retention-ms", "300"]);
+    let key = unique("expiry");
+    assert!(!fixture.post("/echo", &key, "a").await.is_replay());
+    assert!(fixture.post("/echo", &key, "a").await.is_replay());
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let after = fixture.post("/echo", &key, "a").await;
+    assert_eq!(after.status, StatusCode::CREATED);
+    assert!(!after.is_replay(), "expired: runs again");
+    assert_eq!(fixture.counter().await, 2);
+}
+
+/// Fires `per_key` concurrent requests for each of `keys` keys at once; checks every answer is
+/// the executed one, a byte-identical replay, or a 409, and that each key ran once.
+async fn storm(store: &str, keys: usize, per_key: usize) {
+    let fixture = Arc::new(Fixture::start(store, &[]));
+    let names: Vec<String> = (0..keys).map(|i| unique(&format!("storm{i}"))).collect();
+    let mut set = tokio::task::JoinSet::new();
+    for name in &names {
+        for _ in 0..per_key {
+            let (fixture, name) = (fixture.clone(), name.clone());
+            set.spawn(async move {
+                let answer = fixture.post("/slow?ms=30", &name, Bytes::new()).await;
+                (name, answer)
+            });
+        }
+    }
+    let answers = set.join_all().await;
+    assert_eq!(answers.len(), keys * per_key);
+    let mut conflicts = 0;
+    for (name, answer) in &answers {
+        match answer.status {
+            StatusCode::OK => assert_eq!(answer.body.as_ref(), b"slept:30", "{name}"),
+            StatusCode::CONFLICT => conflicts += 1,
+            other => panic!("{name}: unexpected {other}: {answer:?}"),
+        }
+    }
+    assert_eq!(
+        fixture.counter().await,
+        keys as u64,
+        "{conflicts} conflicts"
+    );
+    // Afterwards every key replays the same bytes.
+    for name in &names {
+        let replay = fixture.post("/slow?ms=30", name, Bytes::new()).await;
+        assert!(replay.is_replay());
+        assert_eq!(replay.body.as_ref(), b"slept:30");
+    }
+    assert_eq!(fixture.counter().await, keys as u64);
+}
+
+async fn storm_of_200_on_one_key_executes_once(store: &str) {
+    storm(store, 1, 200).await;
+}
+
+async fn storm_on_20_keys_executes_20_times(store: &str) {
+    storm(store, 20, 10).await;
+}

@@ -1,0 +1,156 @@
+//! Bodies: the request body read with a limit, and [`ResponseBody`], the body of every response
+//! that leaves the layer.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use idem_core::BoxError;
+use pin_project_lite::pin_project;
+use tokio::sync::mpsc;
+
+/// Why a request body could not be captured.
+#[derive(Debug)]
+pub(crate) enum CaptureError {
+    /// Over the limit: 413.
+    TooLarge,
+    /// The body failed while it was read: 400.
+    Read,
+}
+
+/// Reads a request body up to `limit` bytes, de-chunked, as received. A body whose declared
+/// length is over the limit is refused before a byte is read.
+pub(crate) async fn capture<B>(body: B, limit: usize) -> Result<Bytes, CaptureError>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    if body.size_hint().lower() > u64::try_from(limit).unwrap_or(u64::MAX) {
+        return Err(CaptureError::TooLarge);
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
+            Err(CaptureError::TooLarge)
+        }
+        Err(_) => Err(CaptureError::Read),
+    }
+}
+
+/// A frame sent from the handler's task to the caller's response body.
+pub(crate) type StreamFrame = Result<Frame<Bytes>, BoxError>;
+
+pin_project! {
+    /// The body of every response that leaves the layer: the handler's own body (passed
+    /// through), a stored or rejection body, or the handler's body streamed from the task that
+    /// runs it (so the handler finishes and its response is stored even if the client leaves).
+    pub struct ResponseBody<B> {
+        #[pin]
+        kind: Kind<B>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<B> {
+        Inner { #[pin] body: B },
+        Full { data: Option<Bytes> },
+        Stream { frames: mpsc::Receiver<StreamFrame>, hint: SizeHint, done: bool },
+    }
+}
+
+impl<B> std::fmt::Debug for ResponseBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match &self.kind {
+            Kind::Inner { .. } => "Inner",
+            Kind::Full { .. } => "Full",
+            Kind::Stream { .. } => "Stream",
+        };
+        f.debug_struct("ResponseBody").field("kind", &kind).finish()
+    }
+}
+
+impl<B> ResponseBody<B> {
+    /// The handler's body, passed through.
+    pub(crate) fn inner(body: B) -> Self {
+        ResponseBody {
+            kind: Kind::Inner { body },
+        }
+    }
+
+    /// A body held in memory.
+    pub(crate) fn full(data: Bytes) -> Self {
+        ResponseBody {
+            kind: Kind::Full {
+                data: (!data.is_empty()).then_some(data),
+            },
+        }
+    }
+
+    /// An empty body.
+    pub(crate) fn empty() -> Self {
+        ResponseBody::full(Bytes::new())
+    }
+
+    /// Frames sent by the handler's task; `hint` is the handler body's size hint.
+    pub(crate) fn stream(frames: mpsc::Receiver<StreamFrame>, hint: SizeHint) -> Self {
+        ResponseBody {
+            kind: Kind::Stream {
+                frames,
+                hint,
+                done: false,
+            },
+        }
+    }
+}
+
+impl<B> Body for ResponseBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.project().kind.project() {
+            KindProj::Inner { body } => body
+                .poll_frame(cx)
+                .map(|frame| frame.map(|result| result.map_err(Into::into))),
+            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Stream { frames, done, .. } => {
+                if *done {
+                    return Poll::Ready(None);
+                }
+                let polled = frames.poll_recv(cx);
+                if let Poll::Ready(None) = polled {
+                    *done = true;
+                }
+                polled
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Full { data } => data.is_none(),
+            Kind::Stream { done, .. } => *done,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Inner { body } => body.size_hint(),
+            Kind::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+            Kind::Stream { hint, .. } => *hint,
+        }
+    }
+}

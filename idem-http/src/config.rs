@@ -1,0 +1,641 @@
+//! [`Config`]: the validated settings of the layer, built with [`ConfigBuilder`].
+//!
+//! Every setting has a documented default (DESIGN.md section 5):
+//!
+//! | setting | default |
+//! |---|---|
+//! | key header | `Idempotency-Key` |
+//! | covered methods | POST and PATCH (others pass through untouched) |
+//! | key | optional: a request without one passes through, nothing is stored |
+//! | scope | a hash of the `Authorization` header when present, else none |
+//! | lease | 30 s, extended by a heartbeat every 10 s while the handler runs |
+//! | retention | 24 h |
+//! | request body limit | 1 MiB (413 above it) |
+//! | response storage cap | 1 MiB, encoded and compressed |
+//! | headers never stored | hop-by-hop, `Content-Length`, `Date`, `Set-Cookie`, `WWW-Authenticate`, `Proxy-Authenticate` |
+//! | 5xx | released, not stored |
+//! | store down | fail closed (503 + `Retry-After: 1`) |
+//! | wait mode | off (409 while the original is in flight) |
+//! | key syntax | lenient (a bare key is accepted) |
+//!
+//! ```
+//! use std::time::Duration;
+//! use idem_http::Config;
+//!
+//! let config = Config::builder()
+//!     .require_key()
+//!     .scope_by_header("x-tenant")?
+//!     .lease(Duration::from_secs(60))
+//!     .heartbeat(Duration::from_secs(20))
+//!     .build()?;
+//! assert_eq!(config.lease(), Duration::from_secs(60));
+//!
+//! // A heartbeat that does not come before the lease ends is refused.
+//! assert!(Config::builder().heartbeat(Duration::from_secs(30)).build().is_err());
+//! # Ok::<(), idem_http::ConfigError>(())
+//! ```
+
+use std::fmt;
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName, Method, StatusCode, header, request};
+use idem_core::Scope;
+
+use crate::rejection::{ProblemJson, RejectionHandler};
+
+/// 1 MiB.
+const MIB: usize = 1024 * 1024;
+
+/// Response headers that are never stored: they describe one connection or one message.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TRANSFER_ENCODING,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+    header::CONTENT_LENGTH,
+];
+
+/// Response headers not stored by default, which [`ConfigBuilder::allow_header`] may re-allow.
+const DENIED_BY_DEFAULT: [HeaderName; 4] = [
+    header::DATE,
+    header::SET_COOKIE,
+    header::WWW_AUTHENTICATE,
+    header::PROXY_AUTHENTICATE,
+];
+
+/// A setting was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// Not a valid header name.
+    InvalidHeaderName(String),
+    /// A duration that must be positive is zero.
+    ZeroDuration(&'static str),
+    /// The heartbeat interval is not shorter than the lease: the lease would lapse between beats.
+    HeartbeatNotBelowLease {
+        /// The heartbeat interval.
+        heartbeat: Duration,
+        /// The lease.
+        lease: Duration,
+    },
+    /// No method is covered.
+    NoMethods,
+    /// The header can never be stored (hop-by-hop or `Content-Length`).
+    NeverStored(String),
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::InvalidHeaderName(name) => write!(f, "{name:?} is not a header name"),
+            ConfigError::ZeroDuration(what) => write!(f, "{what} must be longer than zero"),
+            ConfigError::HeartbeatNotBelowLease { heartbeat, lease } => write!(
+                f,
+                "the heartbeat interval ({heartbeat:?}) must be shorter than the lease ({lease:?})"
+            ),
+            ConfigError::NoMethods => f.write_str("at least one method must be covered"),
+            ConfigError::NeverStored(name) => {
+                write!(f, "{name} is a per-connection header and is never stored")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// What to do with a covered request that has no key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KeyPolicy {
+    /// Pass it through untouched; nothing is stored. The default.
+    #[default]
+    Optional,
+    /// Refuse it with 400.
+    Required,
+}
+
+/// What to do when the store cannot be reached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StoreFailure {
+    /// Answer 503 with `Retry-After`; the handler does not run. The default.
+    #[default]
+    FailClosed,
+    /// Run the handler without a record; the response carries `Idempotency-Status: unrecorded`
+    /// and the outcome `store_error`.
+    FailOpen,
+}
+
+/// Derives a scope from a request (see [`ConfigBuilder::scope_with`]); `None` refuses the
+/// request with 400.
+pub type ScopeFn = dyn Fn(&request::Parts) -> Option<Scope> + Send + Sync;
+
+/// Where the scope of a request comes from.
+#[derive(Clone, Default)]
+enum ScopeSource {
+    #[default]
+    Authorization,
+    Header(HeaderName),
+    Custom(Arc<ScopeFn>),
+    None,
+}
+
+impl fmt::Debug for ScopeSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ScopeSource::Authorization => f.write_str("Authorization"),
+            ScopeSource::Header(name) => write!(f, "Header({name})"),
+            ScopeSource::Custom(_) => f.write_str("Custom(..)"),
+            ScopeSource::None => f.write_str("None"),
+        }
+    }
+}
+
+/// The validated settings of the layer. Made by [`Config::builder`]; see the
+/// [module docs](self) for the defaults.
+#[derive(Clone)]
+pub struct Config {
+    pub(crate) header_name: HeaderName,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) key_policy: KeyPolicy,
+    scope: ScopeSource,
+    pub(crate) lease: Duration,
+    pub(crate) heartbeat: Duration,
+    pub(crate) retention: Duration,
+    pub(crate) body_limit: usize,
+    pub(crate) storage_cap: usize,
+    denied: Vec<HeaderName>,
+    pub(crate) store_server_errors: bool,
+    pub(crate) store_failure: StoreFailure,
+    pub(crate) store_retry_after: Duration,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) strict: bool,
+    pub(crate) store_label: &'static str,
+    pub(crate) log_keys: bool,
+    pub(crate) rejection: Arc<dyn RejectionHandler>,
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("header_name", &self.header_name)
+            .field("methods", &self.methods)
+            .field("key_policy", &self.key_policy)
+            .field("scope", &self.scope)
+            .field("lease", &self.lease)
+            .field("heartbeat", &self.heartbeat)
+            .field("retention", &self.retention)
+            .field("body_limit", &self.body_limit)
+            .field("storage_cap", &self.storage_cap)
+            .field("denied", &self.denied)
+            .field("store_server_errors", &self.store_server_errors)
+            .field("store_failure", &self.store_failure)
+            .field("store_retry_after", &self.store_retry_after)
+            .field("wait", &self.wait)
+            .field("strict", &self.strict)
+            .field("store_label", &self.store_label)
+            .field("log_keys", &self.log_keys)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Config {
+    /// The documented defaults (see the [module docs](self)).
+    fn default() -> Self {
+        Config {
+            header_name: HeaderName::from_static("idempotency-key"),
+            methods: vec![Method::POST, Method::PATCH],
+            key_policy: KeyPolicy::Optional,
+            scope: ScopeSource::Authorization,
+            lease: Duration::from_secs(30),
+            heartbeat: Duration::from_secs(10),
+            retention: Duration::from_secs(24 * 60 * 60),
+            body_limit: MIB,
+            storage_cap: MIB,
+            denied: DENIED_BY_DEFAULT.to_vec(),
+            store_server_errors: false,
+            store_failure: StoreFailure::FailClosed,
+            store_retry_after: Duration::from_secs(1),
+            wait: None,
+            strict: false,
+            store_label: "store",
+            log_keys: true,
+            rejection: Arc::new(ProblemJson::default()),
+        }
+    }
+}
+
+/// Why a request has no usable scope.
+#[derive(Debug)]
+pub(crate) struct InvalidScope;
+
+impl Config {
+    /// A builder starting from the defaults.
+    pub fn builder() -> ConfigBuilder {
+        ConfigBuilder {
+            config: Config::default(),
+        }
+    }
+
+    /// The key header's name.
+    #[must_use]
+    pub fn header_name(&self) -> &HeaderName {
+        &self.header_name
+    }
+
+    /// The lease of a claim.
+    #[must_use]
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// The heartbeat interval.
+    #[must_use]
+    pub fn heartbeat(&self) -> Duration {
+        self.heartbeat
+    }
+
+    /// How long a stored response is kept.
+    #[must_use]
+    pub fn retention(&self) -> Duration {
+        self.retention
+    }
+
+    /// The request body limit, in bytes.
+    #[must_use]
+    pub fn body_limit(&self) -> usize {
+        self.body_limit
+    }
+
+    /// The response storage cap, in encoded bytes.
+    #[must_use]
+    pub fn storage_cap(&self) -> usize {
+        self.storage_cap
+    }
+
+    /// Whether the layer handles requests with `method`.
+    #[must_use]
+    pub fn covers(&self, method: &Method) -> bool {
+        self.methods.contains(method)
+    }
+
+    /// Whether a response with `status` is stored (else the claim is released so a retry runs).
+    #[must_use]
+    pub fn stores_status(&self, status: StatusCode) -> bool {
+        match status.as_u16() {
+            408 | 425 | 429 => false,
+            500..=599 => self.store_server_errors,
+            _ => !status.is_informational(),
+        }
+    }
+
+    /// Whether a response header named `name` may be stored and replayed. Headers named in the
+    /// response's `Connection` header are dropped as well, by the layer.
+    #[must_use]
+    pub fn stores_header(&self, name: &HeaderName) -> bool {
+        !HOP_BY_HOP.contains(name) && !self.denied.contains(name)
+    }
+
+    /// The headers of `headers` to store, in order with repeats.
+    pub(crate) fn storable_headers(
+        &self,
+        headers: &HeaderMap,
+    ) -> Vec<(HeaderName, http::HeaderValue)> {
+        let listed_in_connection = |name: &HeaderName| {
+            headers.get_all(header::CONNECTION).iter().any(|value| {
+                value.to_str().is_ok_and(|v| {
+                    v.split(',')
+                        .any(|token| token.trim().eq_ignore_ascii_case(name.as_str()))
+                })
+            })
+        };
+        headers
+            .iter()
+            .filter(|(name, _)| self.stores_header(name) && !listed_in_connection(name))
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect()
+    }
+
+    /// The scope of a request.
+    pub(crate) fn scope_of(&self, parts: &request::Parts) -> Result<Scope, InvalidScope> {
+        match &self.scope {
+            ScopeSource::Authorization => Ok(parts
+                .headers
+                .get(header::AUTHORIZATION)
+                .map_or_else(Scope::none, |value| Scope::from_secret(value.as_bytes()))),
+            ScopeSource::Header(name) => match parts.headers.get(name) {
+                None => Ok(Scope::none()),
+                Some(value) => std::str::from_utf8(value.as_bytes())
+                    .ok()
+                    .and_then(|text| Scope::new(text).ok())
+                    .ok_or(InvalidScope),
+            },
+            ScopeSource::Custom(derive) => derive(parts).ok_or(InvalidScope),
+            ScopeSource::None => Ok(Scope::none()),
+        }
+    }
+}
+
+/// Builds a [`Config`]. Made by [`Config::builder`]; every method starts from the documented
+/// default and [`ConfigBuilder::build`] checks the settings together.
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct ConfigBuilder {
+    config: Config,
+}
+
+fn header_name(name: &str) -> Result<HeaderName, ConfigError> {
+    HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| ConfigError::InvalidHeaderName(name.to_owned()))
+}
+
+impl ConfigBuilder {
+    /// The key header (default `Idempotency-Key`; matched case-insensitively).
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidHeaderName`].
+    pub fn header_name(mut self, name: &str) -> Result<Self, ConfigError> {
+        self.config.header_name = header_name(name)?;
+        Ok(self)
+    }
+
+    /// The covered methods (default POST and PATCH). Others pass through untouched.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.config.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Refuse a covered request without a key with 400 (default: let it through).
+    pub fn require_key(mut self) -> Self {
+        self.config.key_policy = KeyPolicy::Required;
+        self
+    }
+
+    /// Whether a key is required or optional.
+    pub fn key_policy(mut self, policy: KeyPolicy) -> Self {
+        self.config.key_policy = policy;
+        self
+    }
+
+    /// Scope records by a hash of the `Authorization` header (the default): one credential can
+    /// never see another's responses. A request without the header has no scope.
+    pub fn scope_by_authorization(mut self) -> Self {
+        self.config.scope = ScopeSource::Authorization;
+        self
+    }
+
+    /// Scope records by a tenant header's value (0 to 255 bytes of printable ASCII, else 400).
+    /// A request without the header has no scope.
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidHeaderName`].
+    pub fn scope_by_header(mut self, name: &str) -> Result<Self, ConfigError> {
+        self.config.scope = ScopeSource::Header(header_name(name)?);
+        Ok(self)
+    }
+
+    /// Scope records by a closure over the request head; `None` refuses the request with 400.
+    pub fn scope_with(
+        mut self,
+        derive: impl Fn(&request::Parts) -> Option<Scope> + Send + Sync + 'static,
+    ) -> Self {
+        self.config.scope = ScopeSource::Custom(Arc::new(derive));
+        self
+    }
+
+    /// No scope: every caller shares one namespace of keys.
+    pub fn no_scope(mut self) -> Self {
+        self.config.scope = ScopeSource::None;
+        self
+    }
+
+    /// The lease of a claim (default 30 s): how long another request waits for a crashed
+    /// holder before it may take the key over.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = lease;
+        self
+    }
+
+    /// How often a running handler's lease is extended (default 10 s); shorter than the lease.
+    pub fn heartbeat(mut self, every: Duration) -> Self {
+        self.config.heartbeat = every;
+        self
+    }
+
+    /// How long a stored response is kept (default 24 h).
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.config.retention = retention;
+        self
+    }
+
+    /// The request body limit (default 1 MiB); a larger body is answered 413 before anything
+    /// runs.
+    pub fn body_limit(mut self, limit: NonZeroUsize) -> Self {
+        self.config.body_limit = limit.get();
+        self
+    }
+
+    /// The largest response record stored, encoded and compressed (default 1 MiB). A larger
+    /// response is delivered in full to the first caller and stored as its status and headers:
+    /// a retry gets those with `Idempotency-Replay: omitted` and an empty body.
+    pub fn storage_cap(mut self, cap: NonZeroUsize) -> Self {
+        self.config.storage_cap = cap.get();
+        self
+    }
+
+    /// Never store the response header `name`.
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidHeaderName`].
+    pub fn deny_header(mut self, name: &str) -> Result<Self, ConfigError> {
+        let name = header_name(name)?;
+        if !self.config.denied.contains(&name) {
+            self.config.denied.push(name);
+        }
+        Ok(self)
+    }
+
+    /// Store the response header `name` after all (`Set-Cookie`, `Date`, `WWW-Authenticate` or
+    /// `Proxy-Authenticate`, which are not stored by default, or one denied before).
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidHeaderName`]; [`ConfigError::NeverStored`] for a hop-by-hop header
+    /// or `Content-Length`.
+    pub fn allow_header(mut self, name: &str) -> Result<Self, ConfigError> {
+        let name = header_name(name)?;
+        if HOP_BY_HOP.contains(&name) {
+            return Err(ConfigError::NeverStored(name.as_str().to_owned()));
+        }
+        self.config.denied.retain(|denied| *denied != name);
+        Ok(self)
+    }
+
+    /// Store 5xx responses too, the way Stripe does (default: a 5xx releases the key so a
+    /// retry runs again).
+    pub fn store_server_errors(mut self, store: bool) -> Self {
+        self.config.store_server_errors = store;
+        self
+    }
+
+    /// What to do when the store cannot be reached (default: fail closed).
+    pub fn store_failure(mut self, mode: StoreFailure) -> Self {
+        self.config.store_failure = mode;
+        self
+    }
+
+    /// The `Retry-After` of a 503 when the store is down (default 1 s).
+    pub fn store_retry_after(mut self, delay: Duration) -> Self {
+        self.config.store_retry_after = delay;
+        self
+    }
+
+    /// Bounded wait mode: a duplicate of an in-flight request waits up to `max` for the
+    /// original and then gets its replay, instead of an immediate 409 (default: off).
+    pub fn wait_for_in_flight(mut self, max: Duration) -> Self {
+        self.config.wait = Some(max);
+        self
+    }
+
+    /// Strict key syntax: only an RFC 8941 sf-string (`"abc"`) is accepted, not a bare key
+    /// (default: lenient).
+    pub fn strict(mut self, strict: bool) -> Self {
+        self.config.strict = strict;
+        self
+    }
+
+    /// The `store` label of the store metrics (default `store`).
+    pub fn store_label(mut self, label: &'static str) -> Self {
+        self.config.store_label = label;
+        self
+    }
+
+    /// Whether logs carry the key as sent (default) or only a digest of scope and key.
+    pub fn log_keys(mut self, log: bool) -> Self {
+        self.config.log_keys = log;
+        self
+    }
+
+    /// The rejection responses (default: [`ProblemJson`]).
+    pub fn rejection_handler(mut self, handler: impl RejectionHandler) -> Self {
+        self.config.rejection = Arc::new(handler);
+        self
+    }
+
+    /// Checks the settings together.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the setting refused.
+    pub fn build(self) -> Result<Config, ConfigError> {
+        let config = self.config;
+        for (value, what) in [
+            (config.lease, "the lease"),
+            (config.heartbeat, "the heartbeat interval"),
+            (config.retention, "the retention"),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::ZeroDuration(what));
+            }
+        }
+        if config.wait.is_some_and(|wait| wait.is_zero()) {
+            return Err(ConfigError::ZeroDuration("the wait"));
+        }
+        if config.heartbeat >= config.lease {
+            return Err(ConfigError::HeartbeatNotBelowLease {
+                heartbeat: config.heartbeat,
+                lease: config.lease,
+            });
+        }
+        if config.methods.is_empty() {
+            return Err(ConfigError::NoMethods);
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let config = Config::builder().build().unwrap();
+        assert_eq!(config.header_name(), "idempotency-key");
+        assert!(config.covers(&Method::POST) && config.covers(&Method::PATCH));
+        assert!(!config.covers(&Method::GET) && !config.covers(&Method::PUT));
+        assert_eq!(config.lease(), Duration::from_secs(30));
+        assert_eq!(config.heartbeat(), Duration::from_secs(10));
+        assert_eq!(config.retention(), Duration::from_secs(86_400));
+        assert_eq!(config.body_limit(), MIB);
+        assert_eq!(config.storage_cap(), MIB);
+        assert_eq!(config.key_policy, KeyPolicy::Optional);
+        assert_eq!(config.store_failure, StoreFailure::FailClosed);
+        assert!(config.wait.is_none() && !config.strict && !config.store_server_errors);
+    }
+
+    #[test]
+    fn statuses_stored_and_released() {
+        let config = Config::default();
+        for stored in [200, 201, 204, 301, 400, 404, 409, 422] {
+            assert!(
+                config.stores_status(StatusCode::from_u16(stored).unwrap()),
+                "{stored}"
+            );
+        }
+        for released in [408, 425, 429, 500, 502, 503] {
+            assert!(
+                !config.stores_status(StatusCode::from_u16(released).unwrap()),
+                "{released}"
+            );
+        }
+        let stripe = Config::builder().store_server_errors(true).build().unwrap();
+        assert!(stripe.stores_status(StatusCode::BAD_GATEWAY));
+        assert!(!stripe.stores_status(StatusCode::TOO_MANY_REQUESTS));
+    }
+
+    #[test]
+    fn header_lists() {
+        let config = Config::default();
+        for never in [
+            "connection",
+            "transfer-encoding",
+            "date",
+            "set-cookie",
+            "www-authenticate",
+        ] {
+            assert!(
+                !config.stores_header(&HeaderName::from_static(never)),
+                "{never}"
+            );
+        }
+        assert!(config.stores_header(&header::ETAG));
+        let config = Config::builder()
+            .allow_header("Set-Cookie")
+            .unwrap()
+            .deny_header("x-request-id")
+            .unwrap()
+            .build()
+            .unwrap();
+        assert!(config.stores_header(&header::SET_COOKIE));
+        assert!(!config.stores_header(&HeaderName::from_static("x-request-id")));
+        assert_eq!(
+            Config::builder().allow_header("connection").unwrap_err(),
+            ConfigError::NeverStored("connection".into())
+        );
+    }
+
+    #[test]
+    fn invalid_settings_are_refused() {
+        assert!(Config::builder().header_name("bad name").is_err());
+        assert_eq!(
+            Config::builder().lease(Duration::ZERO).build().unwrap_err(),
+            ConfigError::ZeroDuration("the lease")
+        );
+        assert_eq!(
+            Config::builder().methods([]).build().unwrap_err(),
+            ConfigError::NoMethods
+        );
+    }
+}

@@ -1,0 +1,30 @@
+//! The fingerprint of a request: SHA-256 over its method, its path and query, and its body
+//! bytes as received (de-chunked), computed before the handler runs.
+//!
+//! ```
+//! use http::{Method, Uri};
+//! use idem_http::fingerprint::request_fingerprint;
+//!
+//! let uri: Uri = "/payments?currency=eur".parse()?;
+//! let a = request_fingerprint(&Method::POST, &uri, b"{\"amount\":10}");
+//! assert_eq!(a, request_fingerprint(&Method::POST, &uri, b"{\"amount\":10}"));
+//! assert_ne!(a, request_fingerprint(&Method::POST, &uri, b"{\"amount\":11}"));
+//! assert_ne!(a, request_fingerprint(&Method::PATCH, &uri, b"{\"amount\":10}"));
+//! # Ok::<(), http::uri::InvalidUri>(())
+//! ```
+
+use http::{Method, Uri};
+use idem_core::Fingerprint;
+
+/// The fingerprint of a request. Only the path and query of `uri` count (not its scheme or
+/// authority), so an absolute-form request line and an origin-form one match. Headers do not
+/// count: the scope (the `Authorization` header by default) separates principals instead.
+#[must_use]
+pub fn request_fingerprint(method: &Method, uri: &Uri, body: &[u8]) -> Fingerprint {
+    let path_and_query = uri.path_and_query().map_or("/", |pq| pq.as_str());
+    Fingerprint::builder()
+        .part(method.as_str().as_bytes())
+        .part(path_and_query.as_bytes())
+        .part(body)
+        .finish()
+}

@@ -1,0 +1,71 @@
+//! [`IdempotencyLayer`]: applies the [`Idempotency`] middleware to a service.
+
+use std::fmt;
+use std::sync::Arc;
+
+use idem_core::Store;
+use tower_layer::Layer;
+
+use crate::config::Config;
+use crate::service::Idempotency;
+
+/// The settings and the store, shared by every clone of the service.
+pub(crate) struct Shared {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) config: Config,
+}
+
+/// A [`Layer`] that gives the requests of a service the Idempotency-Key semantics: the first
+/// request with a key runs the handler and stores its response; a retry gets that response
+/// replayed; a concurrent retry gets 409; the key with another request gets 422.
+///
+/// See the [crate docs](crate) for an example and [`Config`] for the settings.
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("store", &self.shared.store)
+            .field("config", &self.shared.config)
+            .finish()
+    }
+}
+
+impl IdempotencyLayer {
+    /// A layer over `store` with the default settings.
+    #[must_use]
+    pub fn new(store: impl Store + 'static) -> Self {
+        IdempotencyLayer::with_config(store, Config::default())
+    }
+
+    /// A layer over `store` with `config`.
+    #[must_use]
+    pub fn with_config(store: impl Store + 'static, config: Config) -> Self {
+        IdempotencyLayer::from_arc(Arc::new(store), config)
+    }
+
+    /// A layer over a store chosen at run time.
+    #[must_use]
+    pub fn from_arc(store: Arc<dyn Store>, config: Config) -> Self {
+        IdempotencyLayer {
+            shared: Arc::new(Shared { store, config }),
+        }
+    }
+
+    /// The settings.
+    #[must_use]
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = Idempotency<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Idempotency::from_shared(inner, self.shared.clone())
+    }
+}

@@ -1,0 +1,307 @@
+//! Rejections: the answers the layer gives instead of running the handler, as RFC 9457
+//! `application/problem+json` by default, replaceable through [`RejectionHandler`].
+//!
+//! ```
+//! use bytes::Bytes;
+//! use idem_http::rejection::{Rejection, RejectionHandler, ProblemJson};
+//!
+//! let response = ProblemJson::default().respond(&Rejection::MissingKey);
+//! assert_eq!(response.status(), 400);
+//! assert_eq!(response.headers()["content-type"], "application/problem+json");
+//! let body = std::str::from_utf8(response.body()).unwrap();
+//! assert!(body.contains(r#""status":400"#), "{body}");
+//!
+//! // A closure replaces the default.
+//! let plain = |rejection: &Rejection| {
+//!     let mut response = http::Response::new(Bytes::from(rejection.title()));
+//!     *response.status_mut() = rejection.status();
+//!     response
+//! };
+//! assert_eq!(plain.respond(&Rejection::Mismatch).status(), 422);
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+
+use crate::header::KeyHeaderError;
+use crate::outcome::Outcome;
+
+/// Why the layer answered instead of the handler. The response carries it in its extensions
+/// (next to the [`Outcome`]) so outer layers can read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// The `Idempotency-Key` header is invalid: 400.
+    InvalidKey(KeyHeaderError),
+    /// The route requires a key and the request has none: 400.
+    MissingKey,
+    /// The scope of the request (a tenant header) is not a valid scope: 400.
+    InvalidScope,
+    /// The request body is larger than the limit: 413.
+    BodyTooLarge {
+        /// The limit, in bytes.
+        limit: usize,
+    },
+    /// The request body could not be read: 400.
+    BodyUnreadable,
+    /// Another request with this key is in flight: 409 with `Retry-After`.
+    InFlight {
+        /// How long until its lease ends.
+        retry_after: Duration,
+    },
+    /// The key was used with another request (method, path, query or body): 422.
+    Mismatch,
+    /// The operation under this key failed permanently (a record written by a worker): 409.
+    FailedPermanently,
+    /// The store cannot be reached: 503 with `Retry-After`. The handler did not run.
+    StoreUnavailable {
+        /// When to try again.
+        retry_after: Duration,
+    },
+    /// The stored response cannot be decoded: 500.
+    CorruptRecord,
+    /// The handler panicked or its task was cancelled before it answered: 500. Its claim was
+    /// released, so a retry runs it again.
+    HandlerFailed,
+}
+
+impl Rejection {
+    /// The status of the response.
+    #[must_use]
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Rejection::InvalidKey(_)
+            | Rejection::MissingKey
+            | Rejection::InvalidScope
+            | Rejection::BodyUnreadable => StatusCode::BAD_REQUEST,
+            Rejection::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Rejection::InFlight { .. } | Rejection::FailedPermanently => StatusCode::CONFLICT,
+            Rejection::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
+            Rejection::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Rejection::CorruptRecord | Rejection::HandlerFailed => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        }
+    }
+
+    /// A stable name of the rejection (the anchor of its `type` URL).
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        match self {
+            Rejection::InvalidKey(_) => "InvalidKey",
+            Rejection::MissingKey => "MissingKey",
+            Rejection::InvalidScope => "InvalidScope",
+            Rejection::BodyTooLarge { .. } => "BodyTooLarge",
+            Rejection::BodyUnreadable => "BodyUnreadable",
+            Rejection::InFlight { .. } => "InFlight",
+            Rejection::Mismatch => "Mismatch",
+            Rejection::FailedPermanently => "FailedPermanently",
+            Rejection::StoreUnavailable { .. } => "StoreUnavailable",
+            Rejection::CorruptRecord => "CorruptRecord",
+            Rejection::HandlerFailed => "HandlerFailed",
+        }
+    }
+
+    /// A short summary that does not change between occurrences.
+    #[must_use]
+    pub fn title(&self) -> &'static str {
+        match self {
+            Rejection::InvalidKey(_) => "Invalid Idempotency-Key header",
+            Rejection::MissingKey => "Idempotency-Key header required",
+            Rejection::InvalidScope => "Invalid scope",
+            Rejection::BodyTooLarge { .. } => "Request body too large",
+            Rejection::BodyUnreadable => "Request body unreadable",
+            Rejection::InFlight { .. } => "Request with this key in progress",
+            Rejection::Mismatch => "Idempotency-Key reused with another request",
+            Rejection::FailedPermanently => "Operation failed permanently",
+            Rejection::StoreUnavailable { .. } => "Idempotency store unavailable",
+            Rejection::CorruptRecord => "Stored response unreadable",
+            Rejection::HandlerFailed => "Handler failed",
+        }
+    }
+
+    /// What happened in this occurrence, for a person.
+    #[must_use]
+    pub fn detail(&self) -> String {
+        match self {
+            Rejection::InvalidKey(error) => error.to_string(),
+            Rejection::MissingKey => "this endpoint requires an Idempotency-Key header".into(),
+            Rejection::InvalidScope => {
+                "the scope header is not 0 to 255 bytes of printable ASCII".into()
+            }
+            Rejection::BodyTooLarge { limit } => {
+                format!("the request body is over the limit of {limit} bytes")
+            }
+            Rejection::BodyUnreadable => "the request body could not be read".into(),
+            Rejection::InFlight { .. } => {
+                "a request with this key is being processed: retry after the delay in Retry-After"
+                    .into()
+            }
+            Rejection::Mismatch => {
+                "this key was used with another method, path, query or body: use a new key".into()
+            }
+            Rejection::FailedPermanently => {
+                "the operation under this key failed permanently: use a new key".into()
+            }
+            Rejection::StoreUnavailable { .. } => {
+                "the request was not processed: retry after the delay in Retry-After".into()
+            }
+            Rejection::CorruptRecord => "the stored response for this key cannot be read".into(),
+            Rejection::HandlerFailed => {
+                "the request failed before it was answered: it may be retried with the same key"
+                    .into()
+            }
+        }
+    }
+
+    /// The delay for a `Retry-After` header, if this rejection asks for one. The layer adds the
+    /// header (in whole seconds, at least 1) when the response has none.
+    #[must_use]
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Rejection::InFlight { retry_after } | Rejection::StoreUnavailable { retry_after } => {
+                Some(*retry_after)
+            }
+            _ => None,
+        }
+    }
+
+    /// The [`Outcome`] a response with this rejection carries.
+    #[must_use]
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            Rejection::InvalidKey(_)
+            | Rejection::MissingKey
+            | Rejection::InvalidScope
+            | Rejection::BodyTooLarge { .. }
+            | Rejection::BodyUnreadable => Outcome::Rejected,
+            Rejection::InFlight { .. } | Rejection::FailedPermanently => Outcome::Conflict,
+            Rejection::Mismatch => Outcome::Mismatch,
+            Rejection::StoreUnavailable { .. } | Rejection::CorruptRecord => Outcome::StoreError,
+            Rejection::HandlerFailed => Outcome::Executed,
+        }
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.title(), self.detail())
+    }
+}
+
+/// Turns a [`Rejection`] into a response. [`ProblemJson`] is the default; any
+/// `Fn(&Rejection) -> Response<Bytes>` closure is one too.
+pub trait RejectionHandler: Send + Sync + 'static {
+    /// The response for `rejection`.
+    fn respond(&self, rejection: &Rejection) -> Response<Bytes>;
+}
+
+impl<F> RejectionHandler for F
+where
+    F: Fn(&Rejection) -> Response<Bytes> + Send + Sync + 'static,
+{
+    fn respond(&self, rejection: &Rejection) -> Response<Bytes> {
+        self(rejection)
+    }
+}
+
+/// The default [`RejectionHandler`]: RFC 9457 `application/problem+json` with `type` (a link to
+/// the documentation of the rejection), `title`, `status` and `detail`.
+#[derive(Clone, Debug)]
+pub struct ProblemJson {
+    type_base: String,
+}
+
+impl Default for ProblemJson {
+    /// `type` links point to this crate's documentation on docs.rs.
+    fn default() -> Self {
+        ProblemJson {
+            type_base:
+                "https://docs.rs/idem-http/latest/idem_http/rejection/enum.Rejection.html#variant."
+                    .to_owned(),
+        }
+    }
+}
+
+impl ProblemJson {
+    /// `type` links are `type_base` followed by the rejection's [`Rejection::name`].
+    #[must_use]
+    pub fn with_type_base(type_base: impl Into<String>) -> Self {
+        ProblemJson {
+            type_base: type_base.into(),
+        }
+    }
+}
+
+impl RejectionHandler for ProblemJson {
+    fn respond(&self, rejection: &Rejection) -> Response<Bytes> {
+        let status = rejection.status();
+        let mut body = String::with_capacity(256);
+        body.push_str("{\"type\":");
+        push_json_string(
+            &mut body,
+            &format!("{}{}", self.type_base, rejection.name()),
+        );
+        body.push_str(",\"title\":");
+        push_json_string(&mut body, rejection.title());
+        body.push_str(&format!(",\"status\":{},\"detail\":", status.as_u16()));
+        push_json_string(&mut body, &rejection.detail());
+        body.push('}');
+        let mut response = Response::new(Bytes::from(body));
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        response
+    }
+}
+
+/// Appends `text` as a JSON string.
+fn push_json_string(out: &mut String, text: &str) {
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// Whole seconds for `Retry-After`: rounded up, at least 1.
+pub(crate) fn retry_after_secs(delay: Duration) -> u64 {
+    let secs = delay.as_secs() + u64::from(delay.subsec_nanos() > 0);
+    secs.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_whole_seconds_at_least_one() {
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(retry_after_secs(Duration::from_secs(30)), 30);
+    }
+
+    #[test]
+    fn problem_json_escapes_and_names_the_type() {
+        let response = ProblemJson::with_type_base("https://example.com/#").respond(
+            &Rejection::InvalidKey(KeyHeaderError::Malformed { reason: "a \"q\"" }),
+        );
+        let body = std::str::from_utf8(response.body()).unwrap();
+        assert!(
+            body.starts_with(r#"{"type":"https://example.com/#InvalidKey","#),
+            "{body}"
+        );
+        assert!(body.contains(r#"a \"q\""#), "{body}");
+    }
+}

@@ -1,0 +1,650 @@
+//! [`Idempotency`]: the middleware service, and the life of one request through it.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::RETRY_AFTER;
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode, request};
+use http_body::Body;
+use http_body_util::BodyExt;
+use idem_core::{
+    BoxError, ClaimOutcome, ClaimRequest, Lease, Record, RecordKey, Store, StoreError,
+};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tower_service::Service;
+
+use crate::body::{self, CaptureError, ResponseBody};
+use crate::codec::{self, StoredResponse};
+use crate::config::{Config, KeyPolicy, StoreFailure};
+use crate::context::IdempotencyContext;
+use crate::fingerprint::request_fingerprint;
+use crate::future::ResponseFuture;
+use crate::header::parse_header;
+use crate::layer::Shared;
+use crate::metrics;
+use crate::outcome::Outcome;
+use crate::rejection::{Rejection, retry_after_secs};
+
+/// Added to every replayed response.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+/// Added to a replay whose body was over the storage cap and not stored (value `omitted`).
+pub const REPLAY_HEADER: &str = "idempotency-replay";
+/// Added, in fail-open mode, to a response the store did not record (value `unrecorded`).
+pub const STATUS_HEADER: &str = "idempotency-status";
+
+/// While streaming, a response is captured for storage up to this many times the storage cap:
+/// compression may bring it under the cap.
+const CAPTURE_FACTOR: usize = 16;
+/// Frames buffered between the handler's task and a slow client.
+const STREAM_FRAMES: usize = 16;
+
+/// The middleware of [`crate::IdempotencyLayer`]: wraps the service `S`.
+pub struct Idempotency<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S: Clone> Clone for Idempotency<S> {
+    fn clone(&self) -> Self {
+        Idempotency {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for Idempotency<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("inner", &self.inner)
+            .field("store", &self.shared.store)
+            .field("config", &self.shared.config)
+            .finish()
+    }
+}
+
+impl<S> Idempotency<S> {
+    /// Wraps `inner` with a store and settings (the layer is the usual way in).
+    pub fn new(inner: S, store: impl Store + 'static, config: Config) -> Self {
+        Idempotency::from_shared(
+            inner,
+            Arc::new(Shared {
+                store: Arc::new(store),
+                config,
+            }),
+        )
+    }
+
+    pub(crate) fn from_shared(inner: S, shared: Arc<Shared>) -> Self {
+        Idempotency { inner, shared }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, unwrapped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Idempotency<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError> + Send,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let config = &self.shared.config;
+        if !config.covers(request.method()) {
+            return ResponseFuture::bypass(self.inner.call(request));
+        }
+        let key = match parse_header(request.headers(), &config.header_name, config.strict) {
+            Ok(Some(key)) => key,
+            Ok(None) if config.key_policy == KeyPolicy::Optional => {
+                return ResponseFuture::bypass(self.inner.call(request));
+            }
+            Ok(None) => {
+                return ResponseFuture::ready(counted(reject(&self.shared, Rejection::MissingKey)));
+            }
+            Err(error) => {
+                return ResponseFuture::ready(counted(reject(
+                    &self.shared,
+                    Rejection::InvalidKey(error),
+                )));
+            }
+        };
+        let (parts, body) = request.into_parts();
+        let Ok(scope) = config.scope_of(&parts) else {
+            return ResponseFuture::ready(counted(reject(&self.shared, Rejection::InvalidScope)));
+        };
+        // Take the service that was driven to readiness; leave a clone in its place.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let shared = self.shared.clone();
+        ResponseFuture::managed(Box::pin(async move {
+            let key = RecordKey::new(scope, key);
+            handle(inner, shared, parts, body, key).await.map(counted)
+        }))
+    }
+}
+
+/// Counts a response by its outcome on its way out.
+fn counted<B>(response: Response<B>) -> Response<B> {
+    if let Some(outcome) = response.extensions().get::<Outcome>() {
+        metrics::request(*outcome);
+    }
+    response
+}
+
+/// The response for `rejection`, with its outcome and `Retry-After`.
+pub(crate) fn reject<B>(shared: &Shared, rejection: Rejection) -> Response<ResponseBody<B>> {
+    let mut response = shared
+        .config
+        .rejection
+        .respond(&rejection)
+        .map(ResponseBody::full);
+    if let Some(delay) = rejection.retry_after() {
+        if !response.headers().contains_key(RETRY_AFTER) {
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(delay)));
+        }
+    }
+    response.extensions_mut().insert(rejection.outcome());
+    response.extensions_mut().insert(rejection);
+    response
+}
+
+/// The key as logs show it: as sent, or a digest when keys are redacted.
+fn log_key(config: &Config, key: &RecordKey) -> String {
+    if config.log_keys {
+        key.to_string()
+    } else {
+        key.digest_hex()
+    }
+}
+
+/// Captures the body, claims the key and answers from what the store says.
+async fn handle<S, ReqBody, ResBody>(
+    inner: S,
+    shared: Arc<Shared>,
+    parts: request::Parts,
+    body: ReqBody,
+    key: RecordKey,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError> + Send,
+{
+    let config = &shared.config;
+    let bytes = match body::capture(body, config.body_limit).await {
+        Ok(bytes) => bytes,
+        Err(CaptureError::TooLarge) => {
+            let limit = config.body_limit;
+            return Ok(reject(&shared, Rejection::BodyTooLarge { limit }));
+        }
+        Err(CaptureError::Read) => return Ok(reject(&shared, Rejection::BodyUnreadable)),
+    };
+    let fingerprint = request_fingerprint(&parts.method, &parts.uri, &bytes);
+    let claim = ClaimRequest::new(key, fingerprint, config.lease);
+    let deadline = config.wait.map(|wait| Instant::now() + wait);
+    let mut pause = Duration::from_millis(10);
+    loop {
+        let answer =
+            metrics::store_op(config.store_label, "claim", shared.store.claim(&claim)).await;
+        let state_before = answer.as_ref().map_or("unknown", ClaimOutcome::kind);
+        tracing::debug!(
+            idempotency_key = %log_key(config, &claim.key),
+            state_before,
+            "idempotency claim answered"
+        );
+        match answer {
+            Ok(ClaimOutcome::Acquired { lease, taken_over }) => {
+                metrics::count(metrics::CLAIMS_ACQUIRED);
+                if taken_over {
+                    metrics::count(metrics::TAKEOVERS);
+                    tracing::info!(
+                        idempotency_key = %log_key(config, &claim.key),
+                        fence = lease.fence.get(),
+                        attempt = lease.attempt,
+                        "took over a lapsed lease"
+                    );
+                }
+                return execute(inner, shared, parts, bytes, lease).await;
+            }
+            Ok(ClaimOutcome::InFlight { retry_after }) => {
+                if let Some(deadline) = deadline {
+                    let now = Instant::now();
+                    if now < deadline {
+                        tokio::time::sleep(pause.min(deadline - now)).await;
+                        pause = (pause * 2).min(Duration::from_millis(250));
+                        continue;
+                    }
+                }
+                metrics::count(metrics::COLLISIONS);
+                return Ok(reject(&shared, Rejection::InFlight { retry_after }));
+            }
+            Ok(ClaimOutcome::Completed(record)) => {
+                metrics::count(metrics::REPLAYS);
+                return Ok(replay(&shared, &record));
+            }
+            Ok(ClaimOutcome::Failed(_)) => {
+                return Ok(reject(&shared, Rejection::FailedPermanently));
+            }
+            Ok(ClaimOutcome::Mismatch) => {
+                metrics::count(metrics::MISMATCHES);
+                return Ok(reject(&shared, Rejection::Mismatch));
+            }
+            Err(error) => {
+                tracing::warn!(
+                    idempotency_key = %log_key(config, &claim.key),
+                    error = %error,
+                    "idempotency store failed on claim"
+                );
+                return match config.store_failure {
+                    StoreFailure::FailClosed => {
+                        let retry_after = config.store_retry_after;
+                        Ok(reject(&shared, Rejection::StoreUnavailable { retry_after }))
+                    }
+                    StoreFailure::FailOpen => run_unrecorded(inner, parts, bytes).await,
+                };
+            }
+        }
+    }
+}
+
+/// Fail-open: runs the handler without a record, and marks the response.
+async fn run_unrecorded<S, ReqBody, ResBody>(
+    mut inner: S,
+    parts: request::Parts,
+    bytes: Bytes,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ReqBody: From<Bytes>,
+{
+    let response = inner
+        .call(Request::from_parts(parts, ReqBody::from(bytes)))
+        .await?;
+    let mut response = response.map(ResponseBody::inner);
+    response.headers_mut().insert(
+        HeaderName::from_static(STATUS_HEADER),
+        HeaderValue::from_static("unrecorded"),
+    );
+    response.extensions_mut().insert(Outcome::StoreError);
+    Ok(response)
+}
+
+/// The stored response of `record`, replayed.
+fn replay<B>(shared: &Shared, record: &Record) -> Response<ResponseBody<B>> {
+    let decoded = match &record.result {
+        Some(bytes) => codec::decode(bytes).map_err(|error| error.to_string()),
+        None => Err("a completed record without a result".to_owned()),
+    };
+    let stored = match decoded {
+        Ok(stored) => stored,
+        Err(error) => {
+            tracing::error!(
+                idempotency_key = %log_key(&shared.config, &record.key),
+                error = %error,
+                "stored response unreadable"
+            );
+            return reject(shared, Rejection::CorruptRecord);
+        }
+    };
+    let omitted = stored.body.is_none();
+    let mut response = Response::new(
+        stored
+            .body
+            .map_or_else(ResponseBody::empty, ResponseBody::full),
+    );
+    *response.status_mut() = stored.status;
+    let headers = response.headers_mut();
+    for (name, value) in stored.headers {
+        headers.append(name, value);
+    }
+    if omitted {
+        headers.insert(
+            HeaderName::from_static(REPLAY_HEADER),
+            HeaderValue::from_static("omitted"),
+        );
+    }
+    headers.insert(
+        HeaderName::from_static(REPLAYED_HEADER),
+        HeaderValue::from_static("true"),
+    );
+    response.extensions_mut().insert(Outcome::Replayed);
+    response
+}
+
+/// The handler's answer, sent from its task to the caller.
+type Reply<B, E> = Result<Response<ResponseBody<B>>, E>;
+
+/// Runs the handler in a task of its own, so it finishes (and its response is stored) even if
+/// the caller goes away, and waits for its answer.
+async fn execute<S, ReqBody, ResBody>(
+    inner: S,
+    shared: Arc<Shared>,
+    parts: request::Parts,
+    bytes: Bytes,
+    lease: Lease,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: From<Bytes> + Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError> + Send,
+{
+    let mut request = Request::from_parts(parts, ReqBody::from(bytes));
+    request.extensions_mut().insert(IdempotencyContext {
+        key: lease.key.key.clone(),
+        scope: lease.key.scope.clone(),
+        fence: lease.fence,
+        attempt: lease.attempt,
+    });
+    let (reply, answer) = oneshot::channel();
+    tokio::spawn(drive(inner, shared.clone(), request, lease, reply));
+    match answer.await {
+        Ok(Ok(mut response)) => {
+            if response.extensions().get::<Outcome>().is_none() {
+                response.extensions_mut().insert(Outcome::Executed);
+            }
+            Ok(response)
+        }
+        Ok(Err(error)) => Err(error),
+        // The task ended without answering: the handler panicked (its claim was released).
+        Err(_) => Ok(reject(&shared, Rejection::HandlerFailed)),
+    }
+}
+
+/// The handler's task: runs it under the claim, streams its response to the caller and settles
+/// the claim (complete, or release).
+async fn drive<S, ReqBody, ResBody>(
+    mut inner: S,
+    shared: Arc<Shared>,
+    request: Request<ReqBody>,
+    lease: Lease,
+    reply: oneshot::Sender<Reply<ResBody, S::Error>>,
+) where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Body<Data = Bytes>,
+    ResBody::Error: Into<BoxError> + Send,
+{
+    let mut claim = Claim::new(shared.clone(), lease);
+    let response = match inner.call(request).await {
+        Ok(response) => response,
+        Err(error) => {
+            claim.release("handler_error").await;
+            let _ = reply.send(Err(error));
+            return;
+        }
+    };
+    let status = response.status();
+    if !shared.config.stores_status(status) {
+        claim.release("status").await;
+        let _ = reply.send(Ok(response.map(ResponseBody::inner)));
+        return;
+    }
+    let (parts, body) = response.into_parts();
+    let headers = shared.config.storable_headers(&parts.headers);
+    let capture_limit = shared.config.storage_cap.saturating_mul(CAPTURE_FACTOR);
+    let hint = body.size_hint();
+    if hint
+        .exact()
+        .is_some_and(|len| len <= u64::try_from(capture_limit).unwrap_or(u64::MAX))
+    {
+        // A body of known, moderate size: read it whole, store it, then answer.
+        match body.collect().await {
+            Ok(collected) => {
+                let bytes = collected.to_bytes();
+                claim.complete(status, headers, Some(bytes.clone())).await;
+                let _ = reply.send(Ok(Response::from_parts(parts, ResponseBody::full(bytes))));
+            }
+            Err(_) => {
+                claim.release("body_error").await;
+                let _ = reply.send(Ok(reject(&shared, Rejection::HandlerFailed)));
+            }
+        }
+        return;
+    }
+    // Stream to the caller while capturing; the stream ends only once the record is settled,
+    // so a caller that has read the whole response finds it stored.
+    let (frames, receiver) = mpsc::channel(STREAM_FRAMES);
+    let _ = reply.send(Ok(Response::from_parts(
+        parts,
+        ResponseBody::stream(receiver, hint),
+    )));
+    let mut captured = Some(Vec::new());
+    let mut captured_len = 0usize;
+    let mut body = std::pin::pin!(body);
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => {
+                if let Some(data) = frame.data_ref() {
+                    captured_len = captured_len.saturating_add(data.len());
+                    if captured_len > capture_limit {
+                        captured = None;
+                    } else if let Some(chunks) = captured.as_mut() {
+                        chunks.push(data.clone());
+                    }
+                }
+                // A caller that went away no longer reads: keep going, the record matters.
+                let _ = frames.send(Ok(frame)).await;
+            }
+            Err(error) => {
+                claim.release("body_error").await;
+                let _ = frames.send(Err(error.into())).await;
+                return;
+            }
+        }
+    }
+    let body = captured.map(|chunks| Bytes::from(chunks.concat()));
+    claim.complete(status, headers, body).await;
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A held claim: keeps its lease by heartbeat, and is released if dropped unsettled (the
+/// handler panicked or its task was cancelled).
+struct Claim {
+    shared: Arc<Shared>,
+    lease: Lease,
+    heartbeat: Option<AbortOnDrop>,
+    settled: bool,
+}
+
+impl Claim {
+    fn new(shared: Arc<Shared>, lease: Lease) -> Self {
+        let heartbeat = Some(AbortOnDrop(tokio::spawn(heartbeat(
+            shared.clone(),
+            lease.clone(),
+        ))));
+        Claim {
+            shared,
+            lease,
+            heartbeat,
+            settled: false,
+        }
+    }
+
+    fn settle(&mut self) {
+        self.heartbeat = None;
+        self.settled = true;
+    }
+
+    /// Gives the key back so a retry runs the handler again.
+    async fn release(&mut self, kind: &'static str) {
+        self.settle();
+        metrics::failure(kind);
+        let config = &self.shared.config;
+        let released = metrics::store_op(
+            config.store_label,
+            "release",
+            self.shared.store.release(&self.lease),
+        )
+        .await;
+        tracing::debug!(
+            idempotency_key = %log_key(config, &self.lease.key),
+            fence = self.lease.fence.get(),
+            reason = kind,
+            state_after = "absent",
+            "idempotency claim released"
+        );
+        if let Err(error) = released {
+            tracing::warn!(
+                idempotency_key = %log_key(config, &self.lease.key),
+                error = %error,
+                "releasing the claim failed: the key stays blocked until its lease ends"
+            );
+        }
+    }
+
+    /// Stores the response (without its body if it is over the cap).
+    async fn complete(
+        &mut self,
+        status: StatusCode,
+        headers: Vec<(HeaderName, HeaderValue)>,
+        body: Option<Bytes>,
+    ) {
+        self.settle();
+        let config = &self.shared.config;
+        let mut stored = StoredResponse {
+            status,
+            headers,
+            body,
+        };
+        let mut encoded = codec::encode(&stored);
+        if encoded.len() > config.storage_cap || stored.body.is_none() {
+            stored.body = None;
+            encoded = codec::encode(&stored);
+            metrics::count(metrics::OMITTED);
+        }
+        let store = &self.shared.store;
+        let mut result = metrics::store_op(
+            config.store_label,
+            "complete",
+            store.complete(&self.lease, encoded, config.retention),
+        )
+        .await;
+        if matches!(result, Err(StoreError::TooLarge { .. })) && stored.body.is_some() {
+            // The store takes less than the cap: keep status and headers at least.
+            stored.body = None;
+            metrics::count(metrics::OMITTED);
+            let encoded = codec::encode(&stored);
+            result = metrics::store_op(
+                config.store_label,
+                "complete",
+                store.complete(&self.lease, encoded, config.retention),
+            )
+            .await;
+        }
+        match result {
+            Ok(()) => tracing::debug!(
+                idempotency_key = %log_key(config, &self.lease.key),
+                fence = self.lease.fence.get(),
+                attempt = self.lease.attempt,
+                status = status.as_u16(),
+                state_after = "completed",
+                "idempotency record completed"
+            ),
+            Err(error) => tracing::warn!(
+                idempotency_key = %log_key(config, &self.lease.key),
+                fence = self.lease.fence.get(),
+                error = %error,
+                "storing the response failed: a retry after the lease may run the handler again"
+            ),
+        }
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        metrics::failure("panic");
+        let shared = self.shared.clone();
+        let lease = self.lease.clone();
+        tracing::warn!(
+            idempotency_key = %log_key(&shared.config, &lease.key),
+            fence = lease.fence.get(),
+            "the handler ended without an answer (panic or cancellation): releasing its claim"
+        );
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let label = shared.config.store_label;
+                let _ = metrics::store_op(label, "release", shared.store.release(&lease)).await;
+            });
+        }
+    }
+}
+
+/// Extends the lease every heartbeat interval until aborted or refused.
+async fn heartbeat(shared: Arc<Shared>, lease: Lease) {
+    let config = &shared.config;
+    let every = config.heartbeat;
+    let mut ticker = tokio::time::interval_at(Instant::now() + every, every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let beat = shared.store.heartbeat(&lease, config.lease);
+        match metrics::store_op(config.store_label, "heartbeat", beat).await {
+            Ok(_) => {}
+            Err(StoreError::Rejected(rejection)) => {
+                metrics::count(metrics::LEASE_LOSSES);
+                tracing::warn!(
+                    idempotency_key = %log_key(config, &lease.key),
+                    fence = lease.fence.get(),
+                    %rejection,
+                    "the lease was lost while the handler runs"
+                );
+                return;
+            }
+            Err(error) => tracing::warn!(
+                idempotency_key = %log_key(config, &lease.key),
+                error = %error,
+                "heartbeat failed; retrying at the next beat"
+            ),
+        }
+    }
+}
