@@ -227,12 +227,14 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// Checks that the store answers (for a readiness probe). The default reads one key that
     /// is never written; a store may answer more cheaply (a `PING`).
     async fn ping(&self) -> Result<(), StoreError> {
-        let probe = IdempotencyKey::new("idem-readiness-probe")
-            .map_err(|err| StoreError::Backend {
+        let probe =
+            IdempotencyKey::new("idem-readiness-probe").map_err(|err| StoreError::Backend {
                 source: Box::new(err),
                 retryable: false,
             })?;
-        self.get(&RecordKey::new(Scope::none(), probe)).await.map(|_| ())
+        self.get(&RecordKey::new(Scope::none(), probe))
+            .await
+            .map(|_| ())
     }
 }
 
