@@ -1,10 +1,99 @@
 //! Job guard for queue consumers and webhook receivers, on idem.
 //!
-//! Not yet built: this crate is a placeholder in the workspace layout of the design
-//! (DESIGN.md section 2). It re-exports the contract it will implement.
+//! Queues deliver at least once: a worker crashes after the side effect and before the ack, a
+//! publisher resends after a timeout, two workers get the same message. A [`JobGuard`] makes
+//! such a consumer take effect once per business key, and tells it what to do with the
+//! message.
 //!
 //! ```
-//! use idem_worker as _;
+//! use std::sync::Arc;
+//! use idem_core::{Fingerprint, IdempotencyKey};
+//! use idem_store_memory::MemoryStore;
+//! use idem_worker::{Disposition, JobError, JobGuard, Outcome};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let guard = JobGuard::builder(Arc::new(MemoryStore::new()))
+//!     .job_type("send_invoice")
+//!     .build()?;
+//!
+//! // The message: its business key and its payload.
+//! let key = IdempotencyKey::new("invoice:42:send")?;
+//! let payload = br#"{"invoice":42}"#;
+//! let fingerprint = Fingerprint::of(&[payload]);
+//!
+//! let run = guard
+//!     .run(&key, fingerprint, |ctx| async move {
+//!         // The side effect; pass ctx.key() downstream as its idempotency key.
+//!         let receipt: String = format!("sent {} with fence {}", ctx.key(), ctx.fence());
+//!         Ok::<_, JobError>(receipt)
+//!     })
+//!     .await;
+//! assert!(matches!(run.outcome, Outcome::Executed(_)));
+//! assert_eq!(run.disposition, Disposition::Ack);
+//!
+//! // The same message again (a redelivery): the job does not run, the result is replayed.
+//! let again = guard
+//!     .run(&key, fingerprint, |_ctx| async { Err::<String, _>(JobError::permanent("never runs")) })
+//!     .await;
+//! assert!(matches!(again.outcome, Outcome::Replayed(ref receipt) if receipt.starts_with("sent")));
+//! assert_eq!(again.disposition, Disposition::Ack);
+//! # Ok(())
+//! # }
 //! ```
+//!
+//! # What happens
+//! [`JobGuard::run`] claims the key in the store (one round trip), then:
+//!
+//! | the store has | outcome | disposition |
+//! |---|---|---|
+//! | nothing (or a lapsed claim) | the job runs: see below | |
+//! | a completed record | [`Outcome::Replayed`] with its result | [`Disposition::Ack`] |
+//! | a live claim | [`Outcome::InFlight`] | [`Disposition::Retry`] once the holder's lease lapses |
+//! | another fingerprint | [`Outcome::Mismatch`] | [`Disposition::DeadLetter`] |
+//! | a permanent failure | [`Outcome::Failed`] | [`Disposition::DeadLetter`] |
+//! | an error | [`Outcome::Error`] | retry with backoff, or dead-letter |
+//!
+//! While the job runs, a heartbeat extends the lease every [`JobGuard::heartbeat_interval`]
+//! (default: a third of the lease). When a heartbeat is refused (another attempt took the key
+//! over), the job's [`JobContext::cancellation`] token fires; a result it returns anyway is
+//! refused by the store and reported as [`RunError::LeaseLost`], never recorded.
+//!
+//! | the job returns | the key | outcome | disposition |
+//! |---|---|---|---|
+//! | `Ok(result)` | completed with the result (serde_json) | [`Outcome::Executed`] | ack |
+//! | [`JobError::transient`] | released | [`RunError::Transient`] | retry with backoff |
+//! | [`JobError::permanent`] | failed, kept | [`Outcome::Failed`] | dead-letter |
+//! | [`JobError::unknown`] | claim kept until the lease ends | [`RunError::UnknownOutcome`] | retry after the lease |
+//! | a panic | released | [`RunError::Panicked`] | retry with backoff |
+//!
+//! Retries are bounded by the [`RetryPolicy`]: past its attempts, the disposition is
+//! dead-letter. A dropped run future releases the key from a spawned task and records
+//! nothing.
+//!
+//! A receiver that must answer before the job runs (a webhook receiver) splits the run in two:
+//! [`JobGuard::admit`] claims and starts the heartbeat, [`Claim::run`] runs the job later.
+//!
+//! # Observability
+//! Metrics go through the `metrics` facade with a `job_type` label: see [`metrics`]. Every
+//! run has a `tracing` span `idem_job` with the fields `idempotency_key` (a digest with
+//! [`JobGuardBuilder::redact_keys`]), `job_type`, `worker_id`, `attempt` (the delivery),
+//! `fence`, `lease_attempt`, `state_before`, `state_after`, `outcome` and `disposition`.
 
-pub use idem_core::Store;
+mod context;
+mod error;
+mod guard;
+pub mod metrics;
+mod outcome;
+mod retry;
+
+pub use context::JobContext;
+pub use error::{ErrorClass, JobError, ResultExt};
+pub use guard::{Admission, Claim, ConfigError, JobGuard, JobGuardBuilder};
+pub use outcome::{Outcome, Run, RunError};
+pub use retry::{Disposition, RetryPolicy, RetryPolicyError};
+
+#[doc(no_inline)]
+pub use idem_core::{Fingerprint, IdempotencyKey, Store};
+#[doc(no_inline)]
+pub use tokio_util::sync::CancellationToken;

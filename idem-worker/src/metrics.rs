@@ -1,0 +1,90 @@
+//! The metric names of the guard (DESIGN.md section 8), emitted through the `metrics` facade.
+//! The application installs an exporter; without one, these cost next to nothing.
+//!
+//! Every metric carries a `job_type` label (the guard's [`crate::JobGuardBuilder::job_type`]).
+//!
+//! | name | kind | more labels |
+//! |---|---|---|
+//! | `idem_jobs_total` | counter | `outcome` ([`crate::Outcome::kind`]), `disposition` |
+//! | `idem_job_duration_seconds` | histogram | |
+//! | `idem_claims_acquired_total` | counter | |
+//! | `idem_duplicates_replayed_total` | counter | |
+//! | `idem_in_flight_collisions_total` | counter | |
+//! | `idem_mismatches_total` | counter | |
+//! | `idem_failures_total` | counter | `kind`: `transient`, `permanent`, `unknown`, `panic`, `encode` |
+//! | `idem_lease_takeovers_total` | counter | |
+//! | `idem_lease_losses_total` | counter | |
+//! | `idem_store_operation_seconds` | histogram | `store`, `op` |
+//! | `idem_store_errors_total` | counter | `store`, `op`, `kind` |
+
+use std::future::Future;
+use std::time::Instant;
+
+use idem_core::StoreError;
+
+/// Jobs by outcome and disposition.
+pub const JOBS: &str = "idem_jobs_total";
+/// Time spent in the job closure.
+pub const JOB_SECONDS: &str = "idem_job_duration_seconds";
+/// Claims acquired (the job ran).
+pub const CLAIMS_ACQUIRED: &str = "idem_claims_acquired_total";
+/// Duplicates answered from a completed record.
+pub const REPLAYS: &str = "idem_duplicates_replayed_total";
+/// Duplicates that met an in-flight record.
+pub const COLLISIONS: &str = "idem_in_flight_collisions_total";
+/// Keys reused with another payload.
+pub const MISMATCHES: &str = "idem_mismatches_total";
+/// Job failures, by kind.
+pub const FAILURES: &str = "idem_failures_total";
+/// Claims that took over a lapsed lease (a crashed holder).
+pub const TAKEOVERS: &str = "idem_lease_takeovers_total";
+/// Leases lost while the job ran.
+pub const LEASE_LOSSES: &str = "idem_lease_losses_total";
+/// Store operation latency.
+pub const STORE_SECONDS: &str = "idem_store_operation_seconds";
+/// Store operation errors.
+pub const STORE_ERRORS: &str = "idem_store_errors_total";
+
+/// The labels every metric of one guard carries.
+#[derive(Clone, Debug)]
+pub(crate) struct Labels {
+    pub(crate) job_type: String,
+    pub(crate) store: String,
+}
+
+impl Labels {
+    pub(crate) fn count(&self, name: &'static str) {
+        metrics::counter!(name, "job_type" => self.job_type.clone()).increment(1);
+    }
+
+    pub(crate) fn failure(&self, kind: &'static str) {
+        metrics::counter!(FAILURES, "job_type" => self.job_type.clone(), "kind" => kind)
+            .increment(1);
+    }
+
+    pub(crate) fn job(&self, outcome: &'static str, disposition: &'static str) {
+        metrics::counter!(JOBS, "job_type" => self.job_type.clone(), "outcome" => outcome, "disposition" => disposition)
+            .increment(1);
+    }
+
+    pub(crate) fn job_seconds(&self, seconds: f64) {
+        metrics::histogram!(JOB_SECONDS, "job_type" => self.job_type.clone()).record(seconds);
+    }
+
+    /// Runs one store operation, timing it and counting its errors.
+    pub(crate) async fn store_op<T>(
+        &self,
+        op: &'static str,
+        fut: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let start = Instant::now();
+        let result = fut.await;
+        metrics::histogram!(STORE_SECONDS, "job_type" => self.job_type.clone(), "store" => self.store.clone(), "op" => op)
+            .record(start.elapsed().as_secs_f64());
+        if let Err(error) = &result {
+            metrics::counter!(STORE_ERRORS, "job_type" => self.job_type.clone(), "store" => self.store.clone(), "op" => op, "kind" => error.kind())
+                .increment(1);
+        }
+        result
+    }
+}
