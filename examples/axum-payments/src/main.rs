@@ -1,3 +1,283 @@
-//! A small payments API behind the idem idempotency layer (being built).
+//! A small payments API behind the idem idempotency layer: create a payment, create an order,
+//! read a payment. Every POST requires an `Idempotency-Key`, so a client that retries after a
+//! timeout never charges twice. See the README for a walk through it with curl.
+//!
+//! ```text
+//! axum-payments [--listen ADDR] [--store memory] [--provider-latency-ms N]
+//! ```
+//!
+//! A charge at the simulated payment provider takes `--provider-latency-ms` (default 2000), long
+//! enough to send a concurrent retry by hand.
 
-fn main() {}
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use idem_http::{Config, IdempotencyContext, IdempotencyLayer};
+use idem_store_memory::MemoryStore;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+
+/// A payment request.
+#[derive(Debug, Deserialize)]
+struct NewPayment {
+    /// Minor units (cents).
+    amount: u64,
+    currency: String,
+    #[serde(default)]
+    order_id: Option<String>,
+}
+
+/// A payment as stored and returned.
+#[derive(Clone, Debug, Serialize)]
+struct Payment {
+    id: String,
+    amount: u64,
+    currency: String,
+    order_id: Option<String>,
+    status: &'static str,
+    /// The key the charge was sent to the payment provider with.
+    provider_key: String,
+}
+
+/// An order request.
+#[derive(Debug, Deserialize)]
+struct NewOrder {
+    items: Vec<String>,
+    total: u64,
+}
+
+/// An order as returned.
+#[derive(Debug, Serialize)]
+struct Order {
+    id: String,
+    items: Vec<String>,
+    total: u64,
+}
+
+/// The "database": payments by id, and the number of charges sent to the provider.
+#[derive(Clone, Default)]
+struct Db {
+    payments: Arc<Mutex<HashMap<String, Payment>>>,
+    next_id: Arc<AtomicU64>,
+    charges: Arc<AtomicU64>,
+    /// How long a charge at the (simulated) provider takes.
+    provider_latency: Duration,
+}
+
+fn problem(status: StatusCode, detail: &str) -> Response {
+    let body = serde_json::json!({ "title": status.canonical_reason(), "status": status.as_u16(), "detail": detail });
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/problem+json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+async fn create_payment(
+    State(db): State<Db>,
+    ctx: IdempotencyContext,
+    Json(new): Json<NewPayment>,
+) -> Response {
+    if new.amount == 0 || new.currency.len() != 3 {
+        return problem(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "amount > 0 and a 3-letter currency",
+        );
+    }
+    // The side effect: a charge at the provider, sent with the same idempotency key, so even
+    // the provider sees one operation.
+    tokio::time::sleep(db.provider_latency).await;
+    db.charges.fetch_add(1, Ordering::SeqCst);
+    let id = format!("pay_{}", db.next_id.fetch_add(1, Ordering::SeqCst) + 1);
+    let payment = Payment {
+        id: id.clone(),
+        amount: new.amount,
+        currency: new.currency.to_ascii_uppercase(),
+        order_id: new.order_id,
+        status: "captured",
+        provider_key: format!("{}#{}", ctx.key(), ctx.fence()),
+    };
+    db.payments.lock().await.insert(id.clone(), payment.clone());
+    (
+        StatusCode::CREATED,
+        [(header::LOCATION, format!("/payments/{id}"))],
+        Json(payment),
+    )
+        .into_response()
+}
+
+async fn create_order(State(db): State<Db>, Json(new): Json<NewOrder>) -> Response {
+    if new.items.is_empty() {
+        return problem(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "an order has at least one item",
+        );
+    }
+    let id = format!("ord_{}", db.next_id.fetch_add(1, Ordering::SeqCst) + 1);
+    let order = Order {
+        id: id.clone(),
+        items: new.items,
+        total: new.total,
+    };
+    (
+        StatusCode::CREATED,
+        [(header::LOCATION, format!("/orders/{id}"))],
+        Json(order),
+    )
+        .into_response()
+}
+
+async fn get_payment(State(db): State<Db>, Path(id): Path<String>) -> Response {
+    match db.payments.lock().await.get(&id) {
+        Some(payment) => Json(payment.clone()).into_response(),
+        None => problem(StatusCode::NOT_FOUND, "no such payment"),
+    }
+}
+
+async fn stats(State(db): State<Db>) -> Response {
+    Json(serde_json::json!({ "charges": db.charges.load(Ordering::SeqCst) })).into_response()
+}
+
+/// The API: POSTs behind the layer (key required, scoped by `Authorization`), GETs outside.
+fn app(layer: IdempotencyLayer, provider_latency: Duration) -> Router {
+    let writes = Router::new()
+        .route("/payments", post(create_payment))
+        .route("/orders", post(create_order))
+        .layer(layer);
+    writes
+        .route("/payments/{id}", get(get_payment))
+        .route("/stats", get(stats))
+        .with_state(Db {
+            provider_latency,
+            ..Db::default()
+        })
+}
+
+/// The layer over the store named on the command line.
+fn layer(store: &str) -> Result<IdempotencyLayer, String> {
+    let config = Config::builder()
+        .require_key()
+        .store_label("memory")
+        .build()
+        .map_err(|e| e.to_string())?;
+    match store {
+        "memory" => Ok(IdempotencyLayer::with_config(MemoryStore::new(), config)),
+        other => Err(format!(
+            "--store {other}: only `memory` is in this build (Redis comes with idem-store-redis)"
+        )),
+    }
+}
+
+async fn run() -> Result<(), String> {
+    let mut listen = "127.0.0.1:3000".to_owned();
+    let mut store = "memory".to_owned();
+    let mut latency = Duration::from_secs(2);
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--listen" => listen = value,
+            "--store" => store = value,
+            "--provider-latency-ms" => {
+                let ms = value.parse().map_err(|_| {
+                    format!("--provider-latency-ms takes milliseconds, not {value:?}")
+                })?;
+                latency = Duration::from_millis(ms);
+            }
+            other => {
+                return Err(format!(
+                    "unknown flag {other}; usage: axum-payments [--listen ADDR] [--store memory] [--provider-latency-ms N]"
+                ));
+            }
+        }
+    }
+    let app = app(layer(&store)?, latency);
+    let listener = tokio::net::TcpListener::bind(&listen)
+        .await
+        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    let address = listener.local_addr().map_err(|e| e.to_string())?;
+    println!("payments API on http://{address} (store: {store})");
+    axum::serve(listener, app).await.map_err(|e| e.to_string())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("axum-payments: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    async fn call(
+        app: &Router,
+        method: &str,
+        path: &str,
+        key: Option<&str>,
+        body: &str,
+    ) -> (StatusCode, String) {
+        let mut request = axum::http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("content-type", "application/json")
+            .header("authorization", "Bearer demo");
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        let response = app
+            .clone()
+            .oneshot(request.body(Body::from(body.to_owned())).unwrap())
+            .await
+            .unwrap();
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn the_readme_walk_through() {
+        let app = app(layer("memory").unwrap(), Duration::ZERO);
+        let pay = r#"{"amount": 1250, "currency": "eur"}"#;
+        let (status, first) = call(&app, "POST", "/payments", Some("\"pay-42\""), pay).await;
+        assert_eq!(status, StatusCode::CREATED, "{first}");
+        assert!(first.contains(r#""provider_key":"pay-42#"#), "{first}");
+        let (status, retry) = call(&app, "POST", "/payments", Some("\"pay-42\""), pay).await;
+        assert_eq!((status, &retry), (StatusCode::CREATED, &first));
+        let changed = r#"{"amount": 9999, "currency": "eur"}"#;
+        let (status, _) = call(&app, "POST", "/payments", Some("\"pay-42\""), changed).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+        let (status, _) = call(&app, "POST", "/payments", None, pay).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        let (_, stats) = call(&app, "GET", "/stats", None, "").await;
+        assert_eq!(stats, r#"{"charges":1}"#);
+        let (status, payment) = call(&app, "GET", "/payments/pay_1", None, "").await;
+        assert_eq!(status, StatusCode::OK, "{payment}");
+        let (status, _) = call(
+            &app,
+            "POST",
+            "/orders",
+            Some("\"order-1\""),
+            r#"{"items":["book"],"total":1250}"#,
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED);
+    }
+}

@@ -1,5 +1,11 @@
 //! Starts the fixture binary on 127.0.0.1:0 and talks to it with a real HTTP client.
-#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    dead_code,
+    unreachable_pub,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic
+)]
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

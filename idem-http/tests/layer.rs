@@ -1,0 +1,531 @@
+//! The settings of the layer that the fixture does not exercise, on an axum app served on
+//! 127.0.0.1:0 and called with a real HTTP client: optional keys, a store that is down (fail
+//! closed and fail open), a panicking handler, bounded wait mode, strict keys, other scopes,
+//! a replaced rejection, a small storage cap, stored 5xx, other methods, the outcome in the
+//! response extensions, and the axum extractor.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use axum::Router;
+use axum::body::Body;
+use axum::response::Response;
+use axum::routing::{post, put};
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use idem_core::{
+    ClaimOutcome, ClaimRequest, Failure, Lease, Record, RecordKey, ScanPage, ScanQuery, Scope,
+    Store, StoreError,
+};
+use idem_http::{Config, ConfigBuilder, IdempotencyLayer, Outcome, Rejection, StoreFailure};
+use idem_store_memory::MemoryStore;
+use tower::util::MapResponseLayer;
+
+/// A served app whose handlers count their executions.
+struct App {
+    counter: Arc<AtomicU64>,
+    addr: std::net::SocketAddr,
+    client: Client<HttpConnector, Full<Bytes>>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for App {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: http::HeaderMap,
+    body: Bytes,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    fn outcome(&self) -> &str {
+        self.header("x-outcome").unwrap_or("none")
+    }
+}
+
+/// Copies the outcome from the response extensions into a header the client can see.
+fn outcome_header(mut response: Response) -> Response {
+    let outcome = response.extensions().get::<Outcome>().copied();
+    let value = outcome.map_or("none", Outcome::as_str);
+    response
+        .headers_mut()
+        .insert("x-outcome", HeaderValue::from_static(value));
+    response
+}
+
+impl App {
+    /// Serves `routes` (given the counter) behind the layer built from `config` over `store`.
+    async fn serve(
+        store: impl Store + 'static,
+        config: ConfigBuilder,
+        routes: impl FnOnce(Arc<AtomicU64>) -> Router,
+    ) -> App {
+        let counter = Arc::new(AtomicU64::new(0));
+        let layer = IdempotencyLayer::with_config(store, config.build().unwrap());
+        let app = routes(counter.clone())
+            .layer(layer)
+            .layer(MapResponseLayer::new(outcome_header));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        App {
+            counter,
+            addr,
+            client: Client::builder(TokioExecutor::new()).build_http(),
+            server,
+        }
+    }
+
+    /// A counting app: `POST /run` answers 200 `ran {n}` after `delay`.
+    async fn counting(store: impl Store + 'static, config: ConfigBuilder) -> App {
+        App::serve(store, config, |counter| {
+            Router::new().route(
+                "/run",
+                post(move |body: Bytes| async move {
+                    let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+                    let delay = std::str::from_utf8(&body).ok().and_then(|b| b.parse().ok());
+                    if let Some(ms) = delay {
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                    }
+                    format!("ran {n}")
+                }),
+            )
+        })
+        .await
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Answer {
+        let mut request = Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", self.addr));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body.to_owned())))
+            .unwrap();
+        let response = self.client.request(request).await.unwrap();
+        let (parts, body) = response.into_parts();
+        Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body: body.collect().await.unwrap().to_bytes(),
+        }
+    }
+
+    async fn post(&self, key: Option<&str>, body: &str) -> Answer {
+        let headers: Vec<(&str, &str)> = key.map(|k| ("idempotency-key", k)).into_iter().collect();
+        self.send(Method::POST, "/run", &headers, body).await
+    }
+
+    fn count(&self) -> u64 {
+        self.counter.load(Ordering::SeqCst)
+    }
+}
+
+/// A store that is down.
+#[derive(Debug)]
+struct DownStore;
+
+fn down() -> StoreError {
+    StoreError::unavailable(std::io::Error::new(
+        std::io::ErrorKind::ConnectionRefused,
+        "connection refused",
+    ))
+}
+
+#[async_trait]
+impl Store for DownStore {
+    async fn claim(&self, _: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        Err(down())
+    }
+    async fn heartbeat(&self, _: &Lease, _: Duration) -> Result<Lease, StoreError> {
+        Err(down())
+    }
+    async fn complete(&self, _: &Lease, _: Bytes, _: Duration) -> Result<(), StoreError> {
+        Err(down())
+    }
+    async fn fail(&self, _: &Lease, _: Failure, _: Duration) -> Result<(), StoreError> {
+        Err(down())
+    }
+    async fn release(&self, _: &Lease) -> Result<(), StoreError> {
+        Err(down())
+    }
+    async fn get(&self, _: &RecordKey) -> Result<Option<Record>, StoreError> {
+        Err(down())
+    }
+    async fn delete(&self, _: &RecordKey) -> Result<bool, StoreError> {
+        Err(down())
+    }
+    async fn scan(&self, _: &ScanQuery) -> Result<ScanPage, StoreError> {
+        Err(down())
+    }
+}
+
+#[tokio::test]
+async fn an_optional_key_lets_keyless_requests_through() {
+    let app = App::counting(MemoryStore::new(), Config::builder()).await;
+    for _ in 0..2 {
+        let answer = app.post(None, "").await;
+        assert_eq!(answer.status, StatusCode::OK);
+        assert_eq!(answer.outcome(), "bypassed");
+    }
+    assert_eq!(app.count(), 2, "nothing stored: both ran");
+    let executed = app.post(Some("k"), "").await;
+    assert_eq!(executed.outcome(), "executed");
+    let replayed = app.post(Some("k"), "").await;
+    assert_eq!(replayed.outcome(), "replayed");
+    assert_eq!(replayed.body, executed.body);
+    let mismatch = app.post(Some("k"), "1").await;
+    assert_eq!(mismatch.outcome(), "mismatch");
+    let rejected = app.post(Some(""), "").await;
+    assert_eq!(rejected.outcome(), "rejected");
+    assert_eq!(app.count(), 3);
+}
+
+#[tokio::test]
+async fn a_store_that_is_down_is_503_and_the_handler_does_not_run() {
+    let app = App::counting(DownStore, Config::builder()).await;
+    let answer = app.post(Some("k"), "").await;
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(answer.header("retry-after"), Some("1"));
+    assert_eq!(
+        answer.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(answer.outcome(), "store_error");
+    assert_eq!(app.count(), 0);
+}
+
+#[tokio::test]
+async fn fail_open_runs_the_handler_and_marks_the_response() {
+    let config = Config::builder().store_failure(StoreFailure::FailOpen);
+    let app = App::counting(DownStore, config).await;
+    let answer = app.post(Some("k"), "").await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.header("idempotency-status"), Some("unrecorded"));
+    assert_eq!(answer.outcome(), "store_error");
+    assert_eq!(app.count(), 1);
+}
+
+#[tokio::test]
+async fn a_panicking_handler_releases_its_claim() {
+    let app = App::serve(MemoryStore::new(), Config::builder(), |counter| {
+        Router::new().route(
+            "/run",
+            post(move || async move {
+                if counter.fetch_add(1, Ordering::SeqCst) == 0 {
+                    panic!("the first attempt fails (expected in this test)");
+                }
+                "second attempt"
+            }),
+        )
+    })
+    .await;
+    let failed = app.post(Some("k"), "").await;
+    assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        failed.header("content-type"),
+        Some("application/problem+json")
+    );
+    // The release is spawned by the claim's drop guard: give it a moment.
+    let mut retry = app.post(Some("k"), "").await;
+    for _ in 0..50 {
+        if retry.status != StatusCode::CONFLICT {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        retry = app.post(Some("k"), "").await;
+    }
+    assert_eq!(retry.status, StatusCode::OK);
+    assert_eq!(retry.body, "second attempt");
+    assert_eq!(app.count(), 2);
+}
+
+#[tokio::test]
+async fn wait_mode_answers_a_duplicate_with_the_replay() {
+    let config = Config::builder().wait_for_in_flight(Duration::from_secs(5));
+    let app = App::counting(MemoryStore::new(), config).await;
+    let (first, duplicate) = tokio::join!(app.post(Some("k"), "400"), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        app.post(Some("k"), "400").await
+    });
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(duplicate.status, StatusCode::OK);
+    assert_eq!(duplicate.header("idempotent-replayed"), Some("true"));
+    assert_eq!(duplicate.body, first.body);
+    assert_eq!(app.count(), 1);
+}
+
+#[tokio::test]
+async fn wait_mode_is_bounded() {
+    let config = Config::builder().wait_for_in_flight(Duration::from_millis(200));
+    let app = App::counting(MemoryStore::new(), config).await;
+    let (_, duplicate) = tokio::join!(app.post(Some("k"), "1000"), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        app.post(Some("k"), "1000").await
+    });
+    assert_eq!(duplicate.status, StatusCode::CONFLICT);
+    assert!(duplicate.header("retry-after").is_some());
+    assert_eq!(duplicate.outcome(), "conflict");
+}
+
+#[tokio::test]
+async fn strict_mode_refuses_bare_keys() {
+    let app = App::counting(MemoryStore::new(), Config::builder().strict(true)).await;
+    let bare = app.post(Some("k"), "").await;
+    assert_eq!(bare.status, StatusCode::BAD_REQUEST);
+    assert!(String::from_utf8_lossy(&bare.body).contains("sf-string"));
+    assert_eq!(app.post(Some("\"k\""), "").await.status, StatusCode::OK);
+    assert_eq!(app.count(), 1);
+}
+
+#[tokio::test]
+async fn a_tenant_header_scopes_records() {
+    let config = Config::builder().scope_by_header("x-tenant").unwrap();
+    let app = App::counting(MemoryStore::new(), config).await;
+    let as_tenant = |tenant: &'static str| {
+        let app = &app;
+        async move {
+            let headers = [
+                ("idempotency-key", "k"),
+                ("x-tenant", tenant),
+                ("authorization", "same"),
+            ];
+            app.send(Method::POST, "/run", &headers, "").await
+        }
+    };
+    assert_eq!(as_tenant("a").await.body, "ran 1");
+    assert_eq!(as_tenant("b").await.body, "ran 2");
+    assert_eq!(as_tenant("a").await.body, "ran 1");
+    assert_eq!(app.count(), 2);
+}
+
+#[tokio::test]
+async fn a_closure_or_no_scope() {
+    // No scope: two credentials share one namespace of keys.
+    let app = App::counting(MemoryStore::new(), Config::builder().no_scope()).await;
+    let with_auth = |auth: &'static str| {
+        let app = &app;
+        async move {
+            let headers = [("idempotency-key", "k"), ("authorization", auth)];
+            app.send(Method::POST, "/run", &headers, "").await
+        }
+    };
+    assert_eq!(with_auth("a").await.body, "ran 1");
+    assert_eq!(with_auth("b").await.body, "ran 1");
+    // A closure: here the scope is the first path segment of a header, and a request without
+    // it is refused.
+    let config = Config::builder().scope_with(|parts| {
+        let account = parts.headers.get("x-account")?.to_str().ok()?;
+        Scope::new(account).ok()
+    });
+    let app = App::counting(MemoryStore::new(), config).await;
+    let refused = app.post(Some("k"), "").await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+    let headers = [("idempotency-key", "k"), ("x-account", "acct_1")];
+    assert_eq!(
+        app.send(Method::POST, "/run", &headers, "").await.status,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn the_rejection_response_is_replaceable() {
+    let config = Config::builder()
+        .require_key()
+        .rejection_handler(|rejection: &Rejection| {
+            let mut response =
+                http::Response::new(Bytes::from(format!("nope: {}", rejection.name())));
+            *response.status_mut() = rejection.status();
+            response
+        });
+    let app = App::counting(MemoryStore::new(), config).await;
+    let missing = app.post(None, "").await;
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+    assert_eq!(missing.body, "nope: MissingKey");
+    let (_, conflict) = tokio::join!(app.post(Some("k"), "300"), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        app.post(Some("k"), "300").await
+    });
+    assert_eq!(conflict.body, "nope: InFlight");
+    assert!(
+        conflict.header("retry-after").is_some(),
+        "the layer adds Retry-After"
+    );
+}
+
+#[tokio::test]
+async fn a_response_over_a_small_cap_is_stored_without_its_body() {
+    let config = Config::builder().storage_cap(NonZeroUsize::new(64).unwrap());
+    let app = App::serve(MemoryStore::new(), config, |counter| {
+        Router::new().route(
+            "/run",
+            post(move || async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                // 300 bytes that do not compress to under 64.
+                let body: Vec<u8> = (0..300u32).map(|i| (i * 7919 % 251) as u8).collect();
+                (StatusCode::CREATED, [("x-kept", "yes")], body)
+            }),
+        )
+    })
+    .await;
+    let first = app.post(Some("k"), "").await;
+    assert_eq!(first.body.len(), 300);
+    let retry = app.post(Some("k"), "").await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_eq!(retry.header("idempotency-replay"), Some("omitted"));
+    assert_eq!(retry.header("x-kept"), Some("yes"));
+    assert!(retry.body.is_empty());
+    assert_eq!(app.count(), 1);
+}
+
+#[tokio::test]
+async fn server_errors_can_be_stored_the_stripe_way() {
+    let config = Config::builder().store_server_errors(true);
+    let app = App::serve(MemoryStore::new(), config, |counter| {
+        Router::new().route(
+            "/run",
+            post(move || async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                (StatusCode::BAD_GATEWAY, "upstream failed")
+            }),
+        )
+    })
+    .await;
+    assert_eq!(
+        app.post(Some("k"), "").await.status,
+        StatusCode::BAD_GATEWAY
+    );
+    let retry = app.post(Some("k"), "").await;
+    assert_eq!(retry.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(app.count(), 1);
+}
+
+#[tokio::test]
+async fn covered_methods_are_configurable() {
+    let config = Config::builder().methods([Method::PUT]).require_key();
+    let app = App::serve(MemoryStore::new(), config, |counter| {
+        let again = counter.clone();
+        Router::new()
+                .route(
+                    "/run",
+                    put(move || async move {
+                        format!("put {}", counter.fetch_add(1, Ordering::SeqCst))
+                    }),
+                )
+                .route(
+                    "/post",
+                    post(move || async move {
+                        format!("post {}", again.fetch_add(1, Ordering::SeqCst))
+                    }),
+                )
+    })
+    .await;
+    assert_eq!(
+        app.send(Method::PUT, "/run", &[], "").await.status,
+        StatusCode::BAD_REQUEST
+    );
+    let key = [("idempotency-key", "k")];
+    assert_eq!(app.send(Method::PUT, "/run", &key, "").await.body, "put 0");
+    assert_eq!(app.send(Method::PUT, "/run", &key, "").await.body, "put 0");
+    let post = app.send(Method::POST, "/post", &[], "").await;
+    assert_eq!(post.status, StatusCode::OK);
+    assert_eq!(post.outcome(), "bypassed");
+}
+
+#[tokio::test]
+async fn a_handler_error_releases_the_claim() {
+    use tower::{Service, ServiceExt, service_fn};
+
+    let calls = Arc::new(AtomicU64::new(0));
+    let counted = calls.clone();
+    let inner = service_fn(move |_: Request<Full<Bytes>>| {
+        let n = counted.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if n == 0 {
+                Err("the first call fails")
+            } else {
+                Ok(http::Response::new(Full::new(Bytes::from("ok"))))
+            }
+        }
+    });
+    let mut service = idem_http::Idempotency::new(inner, MemoryStore::new(), Config::default());
+    let request = || {
+        Request::post("/x")
+            .header("idempotency-key", "k")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    let first = service.ready().await.unwrap().call(request()).await;
+    assert_eq!(first.err(), Some("the first call fails"));
+    let second = service
+        .ready()
+        .await
+        .unwrap()
+        .call(request())
+        .await
+        .unwrap();
+    assert_eq!(
+        second.extensions().get::<Outcome>(),
+        Some(&Outcome::Executed)
+    );
+    let body = second.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "ok");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn the_axum_extractor_hands_over_key_and_fence() {
+    use idem_http::IdempotencyContext;
+
+    let app = App::serve(MemoryStore::new(), Config::builder(), |_| {
+        Router::new()
+            .route(
+                "/run",
+                post(|ctx: IdempotencyContext| async move {
+                    format!("{} {} {}", ctx.key(), ctx.fence().get() > 0, ctx.attempt())
+                }),
+            )
+            .route(
+                "/optional",
+                post(|ctx: Option<IdempotencyContext>| async move {
+                    ctx.map_or("no key".to_owned(), |ctx| ctx.key().to_string())
+                }),
+            )
+    })
+    .await;
+    assert_eq!(
+        app.post(Some("\"order-7\""), "").await.body,
+        "order-7 true 1"
+    );
+    let keyless = app.send(Method::POST, "/optional", &[], "").await;
+    assert_eq!(keyless.body, "no key");
+    let _ = Body::empty();
+}
