@@ -1,0 +1,80 @@
+//! Decoding a row into a [`Record`], defensively: anything unexpected is `Corrupt`.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use deadpool_postgres::tokio_postgres::Row;
+use deadpool_postgres::tokio_postgres::types::FromSql;
+use idem_core::{
+    Bytes, Failure, Fence, Fingerprint, OwnerToken, Record, RecordKey, State, StoreError,
+    Timestamp, duration_micros,
+};
+
+/// The column of the store's clock, after the twelve record columns.
+pub(crate) const NOW: usize = 12;
+
+fn get<'a, T: FromSql<'a>>(key: &RecordKey, row: &'a Row, index: usize) -> Result<T, StoreError> {
+    row.try_get(index)
+        .map_err(|e| StoreError::corrupt(key, format!("column {index}: {e}")))
+}
+
+/// A timestamp from a `timestamptz` value.
+pub(crate) fn timestamp(key: &RecordKey, time: SystemTime) -> Result<Timestamp, StoreError> {
+    time.duration_since(UNIX_EPOCH)
+        .map(|d| Timestamp::from_micros(duration_micros(d)))
+        .map_err(|_| StoreError::corrupt(key, "a timestamp before 1970"))
+}
+
+/// The store clock's value in column [`NOW`].
+pub(crate) fn now(key: &RecordKey, row: &Row) -> Result<Timestamp, StoreError> {
+    timestamp(key, get(key, row, NOW)?)
+}
+
+/// The record in the first twelve columns of `row`, or `None` if they are NULL (no row matched
+/// a LEFT JOIN). Checks the record invariants.
+pub(crate) fn record(key: &RecordKey, row: &Row) -> Result<Option<Record>, StoreError> {
+    let Some(state) = get::<Option<&str>>(key, row, 0)? else {
+        return Ok(None);
+    };
+    let corrupt = |reason: &str| StoreError::corrupt(key, reason.to_owned());
+    let state: State = state.parse().map_err(|_| corrupt("unknown state"))?;
+    let fingerprint: &[u8] = get(key, row, 1)?;
+    let fingerprint: [u8; 32] = fingerprint
+        .try_into()
+        .map_err(|_| corrupt("the fingerprint is not 32 bytes"))?;
+    let owner: &str = get(key, row, 2)?;
+    let owner: OwnerToken = owner
+        .replace('-', "")
+        .parse()
+        .map_err(|_| corrupt("the owner is not a 128-bit token"))?;
+    let fence: i64 = get(key, row, 3)?;
+    let fence = u64::try_from(fence).map_err(|_| corrupt("the fence is negative"))?;
+    let attempt: i32 = get(key, row, 5)?;
+    let attempt = u32::try_from(attempt).map_err(|_| corrupt("the attempt count is negative"))?;
+    let completed_at = get::<Option<SystemTime>>(key, row, 7)?
+        .map(|t| timestamp(key, t))
+        .transpose()?;
+    let result = get::<Option<&[u8]>>(key, row, 9)?.map(Bytes::copy_from_slice);
+    let message: Option<String> = get(key, row, 10)?;
+    let retryable: Option<bool> = get(key, row, 11)?;
+    let failure = match (message, retryable) {
+        (Some(message), Some(retryable)) => Some(Failure { message, retryable }),
+        (None, None) => None,
+        _ => return Err(corrupt("half a failure")),
+    };
+    let record = Record {
+        key: key.clone(),
+        state,
+        fingerprint: Fingerprint::from_bytes(fingerprint),
+        owner,
+        fence: Fence::new(fence),
+        lease_until: timestamp(key, get(key, row, 4)?)?,
+        attempt,
+        created_at: timestamp(key, get(key, row, 6)?)?,
+        completed_at,
+        expires_at: timestamp(key, get(key, row, 8)?)?,
+        result,
+        failure,
+    };
+    record.validate()?;
+    Ok(Some(record))
+}

@@ -1,0 +1,318 @@
+//! What the PostgreSQL store adds to the contract: the caller's transaction, migrations,
+//! sweep, errors.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{PgHarness, SchemaGuard, fresh_schema, server_up, url};
+use idem_core::{
+    Bytes, ClaimOutcome, ClaimRequest, Failure, Fingerprint, IdempotencyKey, RecordKey, State,
+    Store, StoreError,
+};
+use idem_store_postgres::{PostgresConfig, PostgresStore, migrate};
+
+const LEASE: Duration = Duration::from_secs(30);
+const RETENTION: Duration = Duration::from_secs(3600);
+
+fn request(name: &str) -> ClaimRequest {
+    ClaimRequest::new(
+        RecordKey::unscoped(IdempotencyKey::new(name).unwrap()),
+        Fingerprint::of(&[name.as_bytes()]),
+        LEASE,
+    )
+}
+
+async fn effects_table(h: &PgHarness) -> String {
+    let table = format!("{}.effects", h.schema.name);
+    let client = h.store.pool().get().await.unwrap();
+    client
+        .batch_execute(&format!("CREATE TABLE {table} (job text NOT NULL)"))
+        .await
+        .unwrap();
+    table
+}
+
+async fn count(h: &PgHarness, table: &str) -> i64 {
+    let client = h.store.pool().get().await.unwrap();
+    client
+        .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Claims in a transaction, inserts one effect, completes, and commits or rolls back.
+async fn effect_and_completion(
+    store: &PostgresStore,
+    table: &str,
+    req: &ClaimRequest,
+    commit: bool,
+) {
+    let mut client = store.pool().get().await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    let ClaimOutcome::Acquired { lease, .. } = store.claim_in(&tx, req).await.unwrap() else {
+        panic!("not acquired")
+    };
+    tx.execute(&format!("INSERT INTO {table} VALUES ('a')"), &[])
+        .await
+        .unwrap();
+    store
+        .complete_in(&tx, &lease, Bytes::from_static(b"done"), RETENTION)
+        .await
+        .unwrap();
+    if commit {
+        tx.commit().await.unwrap();
+    } else {
+        tx.rollback().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_business_write_and_the_completion_commit_together() {
+    let Some(h) = PgHarness::new().await else {
+        return;
+    };
+    let table = effects_table(&h).await;
+    let store = &h.store;
+    let req = request("tx-commit");
+
+    // Rolled back: neither the effect nor the claim remains.
+    effect_and_completion(store, &table, &req, false).await;
+    assert_eq!(count(&h, &table).await, 0);
+    assert!(
+        store.get(&req.key).await.unwrap().is_none(),
+        "the claim was rolled back"
+    );
+
+    // Committed: both are there, and a retry is answered from the record.
+    effect_and_completion(store, &table, &req, true).await;
+    assert_eq!(count(&h, &table).await, 1);
+    match store.claim(&req).await.unwrap() {
+        ClaimOutcome::Completed(record) => assert_eq!(record.result.as_deref(), Some(&b"done"[..])),
+        other => panic!("expected Completed, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_waits_for_the_open_transaction_of_another() {
+    let Some(h) = PgHarness::new().await else {
+        return;
+    };
+    let store = h.store.clone();
+    let req = request("tx-wait");
+    let mut client = store.pool().get().await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    let ClaimOutcome::Acquired { lease, .. } = store.claim_in(&tx, &req).await.unwrap() else {
+        panic!("not acquired")
+    };
+    let duplicate = tokio::spawn({
+        let store = store.clone();
+        let req = req.clone();
+        async move { store.claim(&req).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!duplicate.is_finished(), "the duplicate did not wait");
+    store
+        .complete_in(&tx, &lease, Bytes::from_static(b"r"), RETENTION)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    match duplicate.await.unwrap().unwrap() {
+        ClaimOutcome::Completed(record) => assert_eq!(record.state, State::Completed),
+        other => panic!("expected Completed, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_and_release_in_a_transaction() {
+    let Some(h) = PgHarness::new().await else {
+        return;
+    };
+    let store = &h.store;
+    let mut client = store.pool().get().await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    let req = request("tx-fail");
+    let ClaimOutcome::Acquired { lease, .. } = store.claim_in(&tx, &req).await.unwrap() else {
+        panic!("not acquired")
+    };
+    store
+        .fail_in(&tx, &lease, Failure::permanent("declined"), RETENTION)
+        .await
+        .unwrap();
+    let req2 = request("tx-release");
+    let ClaimOutcome::Acquired { lease: lease2, .. } = store.claim_in(&tx, &req2).await.unwrap()
+    else {
+        panic!("not acquired")
+    };
+    store.release_in(&tx, &lease2).await.unwrap();
+    tx.commit().await.unwrap();
+    assert!(matches!(
+        store.claim(&req).await.unwrap(),
+        ClaimOutcome::Failed(_)
+    ));
+    assert!(store.get(&req2.key).await.unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_apply_once_also_when_raced() {
+    if !server_up() {
+        return;
+    }
+    let schema = SchemaGuard {
+        name: fresh_schema("idem_mig"),
+    };
+    let config = PostgresConfig::new(&url())
+        .unwrap()
+        .with_schema(&schema.name)
+        .unwrap();
+    let runs: Vec<_> = (0..4)
+        .map(|_| {
+            let config = config.clone();
+            tokio::spawn(async move { migrate(&config).await })
+        })
+        .collect();
+    let mut applied = Vec::new();
+    for run in runs {
+        let report = run.await.unwrap().expect("migrate");
+        assert_eq!(report.version, 1);
+        applied.extend(report.applied);
+    }
+    assert_eq!(applied, vec![1], "each migration applied exactly once");
+    let again = migrate(&config).await.unwrap();
+    assert!(again.applied.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweep_removes_expired_rows_and_fences_keep_rising() {
+    let Some(h) = PgHarness::new().await else {
+        return;
+    };
+    let store = &h.store;
+    let mut fences = Vec::new();
+    for i in 0..30 {
+        let req = request(&format!("sweep-{i}"));
+        let ClaimOutcome::Acquired { lease, .. } = store.claim(&req).await.unwrap() else {
+            panic!("not acquired")
+        };
+        fences.push(lease.fence);
+        match i % 3 {
+            0 => store.release(&lease).await.unwrap(),
+            1 => store
+                .complete(&lease, Bytes::new(), Duration::from_secs(60))
+                .await
+                .unwrap(),
+            _ => store
+                .complete(&lease, Bytes::new(), RETENTION)
+                .await
+                .unwrap(),
+        }
+    }
+    // The released rows are expired already; the short retentions after a minute.
+    assert_eq!(store.sweep().await.unwrap(), 10);
+    store.advance_clock(Duration::from_secs(61));
+    assert_eq!(store.sweep().await.unwrap(), 10);
+    assert_eq!(store.sweep().await.unwrap(), 0);
+    // Rows are gone, fences are not forgotten: a new grant is above every earlier one.
+    let max = fences.iter().max().copied().unwrap();
+    let ClaimOutcome::Acquired { lease, .. } = store.claim(&request("sweep-0")).await.unwrap()
+    else {
+        panic!("not acquired")
+    };
+    assert!(lease.fence > max);
+    let client = store.pool().get().await.unwrap();
+    let rows: i64 = client
+        .query_one(
+            &format!("SELECT count(*) FROM {}.idem_records", h.schema.name),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 11);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_rise_after_a_delete_even_if_the_clock_stood_still() {
+    let Some(h) = PgHarness::new().await else {
+        return;
+    };
+    let store = &h.store;
+    let req = request("floor");
+    let ClaimOutcome::Acquired { lease, .. } = store.claim(&req).await.unwrap() else {
+        panic!("not acquired")
+    };
+    // Push the stored fence far above the clock, as a burst of grants within one microsecond
+    // or a clock that stepped back would.
+    let far = 9_000_000_000_000_000_i64;
+    let client = store.pool().get().await.unwrap();
+    client
+        .execute(
+            &format!(
+                "UPDATE {}.idem_records SET fence = $1 WHERE key = 'floor'",
+                h.schema.name
+            ),
+            &[&far],
+        )
+        .await
+        .unwrap();
+    assert!(lease.fence.get() < 9_000_000_000_000_000);
+    assert!(store.delete(&req.key).await.unwrap());
+    let ClaimOutcome::Acquired { lease, .. } = store.claim(&req).await.unwrap() else {
+        panic!("not acquired")
+    };
+    assert!(lease.fence.get() > 9_000_000_000_000_000, "{}", lease.fence);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_server_is_unavailable_not_a_panic() {
+    // A port nothing listens on.
+    let config = PostgresConfig::new("postgres://postgres@127.0.0.1:9/test")
+        .unwrap()
+        .with_connect_timeout(Duration::from_millis(500))
+        .with_op_timeout(Duration::from_secs(2));
+    let err = PostgresStore::connect(config.clone()).await.unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+    assert!(
+        matches!(
+            err,
+            StoreError::Unavailable { .. } | StoreError::Timeout { .. }
+        ),
+        "{err:?}"
+    );
+    // Without migrations the store builds, and each operation answers the error.
+    let store = PostgresStore::connect(config.with_migrate_on_connect(false))
+        .await
+        .unwrap();
+    let err = store.claim(&request("down")).await.unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unmigrated_schema_is_a_clear_error() {
+    if !server_up() {
+        return;
+    }
+    let config = PostgresConfig::new(&url())
+        .unwrap()
+        .with_schema(&fresh_schema("idem_none"))
+        .unwrap()
+        .with_migrate_on_connect(false);
+    let store = PostgresStore::connect(config).await.unwrap();
+    let err = store.claim(&request("nothing")).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::Backend {
+                retryable: false,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("does not exist") || format!("{err:?}").contains("does not exist"),
+        "{err:?}"
+    );
+}
