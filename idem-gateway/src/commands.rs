@@ -3,10 +3,22 @@
 
 use std::fmt;
 
-use serde_json::{Value, json};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
 
-use crate::cli::{Cli, Command};
-use crate::config::{self, Config, ConfigError};
+use idem_core::{
+    IdempotencyKey, Record, RecordKey, ScanQuery, Scope, State, Store, StoreError, Timestamp,
+};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+use crate::admin::{Admin, RenderMetrics};
+use crate::cli::{Cli, Command, KeysCommand, StoreCommand};
+use crate::config::{self, Config, ConfigError, HumanDuration, StoreSpec};
+use crate::gateway::{Gateway, check_routes};
+use crate::proxy::Tracker;
+use crate::server::Drained;
 
 /// Why a command failed, and the exit code that says so.
 #[derive(Debug)]
@@ -48,11 +60,12 @@ impl From<ConfigError> for Failure {
     }
 }
 
-/// Runs the command the command line names.
+/// Runs the command the command line names. `metrics` renders the Prometheus text of the
+/// recorder the binary installed (served on the admin listener's `/metrics`).
 ///
 /// # Errors
 /// [`Failure`], with the exit code to end with.
-pub fn run(cli: Cli) -> Result<(), Failure> {
+pub fn run(cli: Cli, metrics: Option<RenderMetrics>) -> Result<(), Failure> {
     let overrides = cli.overrides.to_overrides();
     match cli.command {
         Command::CheckConfig { path, json } => {
@@ -60,11 +73,354 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
             let config = config::load(path.as_deref(), &overrides);
             check_config(config, json)
         }
-        Command::Serve | Command::Keys { .. } | Command::Store { .. } | Command::Demo => {
-            let _config = config::load(cli.config.as_deref(), &overrides)?;
-            Err(Failure::runtime("this command is not built yet"))
+        Command::Serve => {
+            let config = config::load(cli.config.as_deref(), &overrides)?;
+            config.require_upstream()?;
+            check_routes(&config)?;
+            runtime()?.block_on(serve(config, metrics))
+        }
+        Command::Demo => {
+            let config = config::load(cli.config.as_deref(), &overrides)?;
+            runtime()?.block_on(crate::demo::run(config, &overrides, metrics))
+        }
+        Command::Keys { command } => {
+            let config = config::load(cli.config.as_deref(), &overrides)?;
+            runtime()?.block_on(keys(&config, command))
+        }
+        Command::Store { command } => {
+            let config = config::load(cli.config.as_deref(), &overrides)?;
+            runtime()?.block_on(store_command(&config, command))
         }
     }
+}
+
+/// The multi-threaded runtime every networked command runs on.
+fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| Failure::runtime(format!("cannot start the runtime: {err}")))
+}
+
+/// Binds a listener, or says which address is taken.
+pub(crate) async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, Failure> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|err| Failure::runtime(format!("cannot listen on {addr} ({what}): {err}")))
+}
+
+/// A running gateway: its addresses and the handles to stop it.
+#[derive(Debug)]
+pub struct Running {
+    /// The public address.
+    pub listen: SocketAddr,
+    /// The admin address, when the admin listener runs.
+    pub admin: Option<SocketAddr>,
+    task: tokio::task::JoinHandle<Drained>,
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl Running {
+    /// Stops accepting, drains (as on SIGTERM) and reports how the drain went.
+    ///
+    /// # Errors
+    /// [`Failure::Runtime`] if the serving task failed.
+    pub async fn stop(self) -> Result<Drained, Failure> {
+        self.stop.send_replace(true);
+        self.task
+            .await
+            .map_err(|err| Failure::runtime(format!("the gateway task failed: {err}")))
+    }
+
+    /// Waits until the gateway stops by itself (it never does before `shutdown` resolves).
+    ///
+    /// # Errors
+    /// [`Failure::Runtime`] if the serving task failed.
+    pub async fn wait(self) -> Result<Drained, Failure> {
+        let Running { task, stop, .. } = self;
+        let drained = task
+            .await
+            .map_err(|err| Failure::runtime(format!("the gateway task failed: {err}")));
+        drop(stop);
+        drained
+    }
+}
+
+/// Starts a gateway for `config`: opens the store, binds both listeners, and serves until
+/// `shutdown` resolves or [`Running::stop`] is called.
+///
+/// # Errors
+/// [`Failure`]: the configuration is incomplete, the store cannot be opened, or an address is
+/// taken.
+pub async fn start(
+    config: &Config,
+    metrics: Option<RenderMetrics>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<Running, Failure> {
+    let store = crate::store::open(&config.store).await?;
+    let tracker = Tracker::new();
+    let gateway = Gateway::new(config, store.clone(), tracker.clone())?;
+    let listener = bind(config.server.listen, "the gateway").await?;
+    let listen = listener
+        .local_addr()
+        .map_err(|err| Failure::runtime(format!("cannot read the bound address: {err}")))?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let admin = match &config.admin {
+        Some(settings) => {
+            let admin_listener = bind(settings.listen, "the admin listener").await?;
+            let addr = admin_listener
+                .local_addr()
+                .map_err(|err| Failure::runtime(format!("cannot read the bound address: {err}")))?;
+            let admin = Admin::new(store.clone(), settings.token.clone(), metrics);
+            let mut admin_stopped = stopped.clone();
+            tokio::spawn(admin.serve(admin_listener, async move {
+                let _ = admin_stopped.wait_for(|stop| *stop).await;
+            }));
+            Some(addr)
+        }
+        None => None,
+    };
+    let server = config.server.clone();
+    let mut stopped_by_call = stopped;
+    let stop_for_task = stop.clone();
+    let task = tokio::spawn(async move {
+        let stop_signal = async move {
+            tokio::select! {
+                () = shutdown => {}
+                _ = stopped_by_call.wait_for(|stop| *stop) => {}
+            }
+        };
+        let drained = crate::server::serve(listener, gateway, &server, tracker, stop_signal).await;
+        // Stops the admin listener too.
+        stop_for_task.send_replace(true);
+        drained
+    });
+    Ok(Running {
+        listen,
+        admin,
+        task,
+        stop,
+    })
+}
+
+/// `idem serve`.
+async fn serve(config: Config, metrics: Option<RenderMetrics>) -> Result<(), Failure> {
+    crate::telemetry::init_logs(&config.log);
+    let running = start(&config, metrics, crate::server::shutdown_signal()).await?;
+    let upstream = config.require_upstream()?;
+    say(&format!("listening on {}", running.listen));
+    if let Some(admin) = running.admin {
+        say(&format!("admin on {admin}"));
+    }
+    tracing::info!(
+        listen = %running.listen,
+        admin = ?running.admin,
+        upstream = %upstream.url,
+        store = %config.store.spec,
+        routes = config.routes.len(),
+        "idem gateway started"
+    );
+    let drained = running.wait().await?;
+    if drained.abandoned > 0 {
+        return Err(Failure::runtime(format!(
+            "stopped with {} request(s) still in flight after the grace period",
+            drained.abandoned
+        )));
+    }
+    Ok(())
+}
+
+/// The store of an admin command: a shared one (the memory store of a running gateway lives in
+/// that process, out of reach).
+async fn admin_store(config: &Config) -> Result<Arc<dyn Store>, Failure> {
+    if config.store.spec == StoreSpec::Memory {
+        return Err(Failure::Config(ConfigError::new(
+            None,
+            "the memory store lives inside each `idem serve` process and cannot be reached from another: point --store (or [store] url) at the gateway's shared store (redis, postgres or redb)",
+        )));
+    }
+    crate::store::open(&config.store).await
+}
+
+fn record_key(key: &str, scope: &str) -> Result<RecordKey, Failure> {
+    let key = IdempotencyKey::new(key).map_err(|err| {
+        Failure::Config(ConfigError::new(Some("KEY".to_owned()), err.to_string()))
+    })?;
+    let scope = Scope::new(scope).map_err(|err| {
+        Failure::Config(ConfigError::new(
+            Some("--scope".to_owned()),
+            err.to_string(),
+        ))
+    })?;
+    Ok(RecordKey::new(scope, key))
+}
+
+/// A store time as RFC 3339 text.
+fn time(at: Timestamp) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_micros(at.as_micros());
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+/// A record as JSON: its state, times, fence and, for a stored HTTP response, its status.
+#[must_use]
+pub fn record_json(record: &Record) -> Value {
+    let response = record
+        .result
+        .as_ref()
+        .and_then(|bytes| idem_http::codec::decode(bytes).ok());
+    json!({
+        "key": record.key.key.as_str(),
+        "scope": record.key.scope.as_str(),
+        "state": record.state.as_str(),
+        "fingerprint": record.fingerprint.to_string(),
+        "fence": record.fence.get(),
+        "attempt": record.attempt,
+        "created_at": time(record.created_at),
+        "completed_at": record.completed_at.map(time),
+        "lease_until": time(record.lease_until),
+        "expires_at": time(record.expires_at),
+        "result_bytes": record.result.as_ref().map(bytes::Bytes::len),
+        "status": response.as_ref().map(|r| r.status.as_u16()),
+        "failure": record.failure.as_ref().map(|f| json!({ "message": f.message, "retryable": f.retryable })),
+    })
+}
+
+/// A record as one line of text.
+fn record_line(record: &Record) -> String {
+    let status = record
+        .result
+        .as_ref()
+        .and_then(|bytes| idem_http::codec::decode(bytes).ok())
+        .map(|r| format!(" status={}", r.status.as_u16()))
+        .unwrap_or_default();
+    format!(
+        "{}\tscope={}\t{}{}\tfence={}\tattempt={}\tcreated={}\texpires={}",
+        record.key.key,
+        if record.key.scope.is_none() {
+            "-"
+        } else {
+            record.key.scope.as_str()
+        },
+        record.state,
+        status,
+        record.fence.get(),
+        record.attempt,
+        time(record.created_at),
+        time(record.expires_at),
+    )
+}
+
+fn store_failure(err: StoreError) -> Failure {
+    Failure::runtime(format!("store: {err}"))
+}
+
+/// `idem keys get|list|delete`.
+async fn keys(config: &Config, command: KeysCommand) -> Result<(), Failure> {
+    match command {
+        KeysCommand::Get { key, scope, json } => {
+            let key = record_key(&key, &scope)?;
+            let store = admin_store(config).await?;
+            match store.get(&key).await.map_err(store_failure)? {
+                Some(record) if json => say(&record_json(&record).to_string()),
+                Some(record) => say(&record_line(&record)),
+                None if json => say("null"),
+                None => return Err(Failure::runtime(format!("no record at {key}"))),
+            }
+            Ok(())
+        }
+        KeysCommand::Delete { key, scope, json } => {
+            let key = record_key(&key, &scope)?;
+            let store = admin_store(config).await?;
+            let deleted = store.delete(&key).await.map_err(store_failure)?;
+            if json {
+                say(&json!({ "deleted": deleted }).to_string());
+            } else if deleted {
+                say(&format!("deleted {key}"));
+            } else {
+                say(&format!("no record at {key}"));
+            }
+            Ok(())
+        }
+        KeysCommand::List {
+            state,
+            older_than,
+            limit,
+            json,
+        } => {
+            let mut query = ScanQuery::all().with_limit(limit.clamp(1, ScanQuery::DEFAULT_LIMIT));
+            if let Some(state) = state {
+                let state: State = state.parse().map_err(|err: idem_core::ParseStateError| {
+                    Failure::Config(ConfigError::new(
+                        Some("--state".to_owned()),
+                        err.to_string(),
+                    ))
+                })?;
+                query = query.with_state(state);
+            }
+            if let Some(age) = older_than {
+                let age: HumanDuration = age.parse().map_err(|err: String| {
+                    Failure::Config(ConfigError::new(Some("--older-than".to_owned()), err))
+                })?;
+                query = query.with_min_age(age.0);
+            }
+            let store = admin_store(config).await?;
+            let mut records = Vec::new();
+            loop {
+                let page = store.scan(&query).await.map_err(store_failure)?;
+                records.extend(page.records);
+                match page.next_cursor {
+                    Some(cursor) if records.len() < limit => query.cursor = Some(cursor),
+                    _ => break,
+                }
+            }
+            records.truncate(limit);
+            if json {
+                let list: Vec<Value> = records.iter().map(record_json).collect();
+                say(&Value::Array(list).to_string());
+            } else {
+                for record in &records {
+                    say(&record_line(record));
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `idem store migrate|sweep`.
+async fn store_command(config: &Config, command: StoreCommand) -> Result<(), Failure> {
+    let (verb, json) = match command {
+        StoreCommand::Migrate { json } => ("migrate", json),
+        StoreCommand::Sweep { json } => ("sweep", json),
+    };
+    let message = match (&config.store.spec, verb) {
+        (StoreSpec::Memory, "migrate") => "the memory store has no schema: nothing to migrate",
+        (StoreSpec::Memory, _) => {
+            "the memory store sweeps itself inside each gateway: nothing to sweep"
+        }
+        (StoreSpec::Redis(_), "migrate") => {
+            "the redis store needs no migration (its scripts load at connect)"
+        }
+        (StoreSpec::Redis(_), _) => "the redis store expires records by TTL: nothing to sweep",
+        (other, _) => {
+            // PostgreSQL and redb: opened (and migrated) by their crate once this build has it.
+            crate::store::open(&crate::config::StoreConfig {
+                spec: other.clone(),
+                ..config.store.clone()
+            })
+            .await?;
+            "done"
+        }
+    };
+    if json {
+        say(
+            &json!({ "store": config.store.spec.kind(), "command": verb, "message": message })
+                .to_string(),
+        );
+    } else {
+        say(message);
+    }
+    Ok(())
 }
 
 /// `idem check-config`: prints a summary of a valid configuration (or one JSON object), or
@@ -78,7 +434,9 @@ fn check_config(config: Result<Config, ConfigError>, json: bool) -> Result<(), F
         }
         Err(err) => return Err(Failure::Config(err)),
     };
-    let upstream = config.require_upstream().map(|u| u.url.to_string());
+    let upstream = config
+        .require_upstream()
+        .and_then(|u| check_routes(&config).map(|()| u.url.to_string()));
     if json {
         let mut summary = summary(&config);
         summary["ok"] = Value::Bool(upstream.is_ok());

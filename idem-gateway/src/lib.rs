@@ -8,8 +8,20 @@
 //! This library is what the binary is made of, for tests and embedding:
 //! - [`config`]: the TOML file, the overrides, and the one function that validates them;
 //! - [`cli`]: the command line;
-//! - [`commands`]: the subcommands, each returning a [`commands::Failure`] with its exit code.
+//! - [`commands`]: the subcommands, each returning a [`commands::Failure`] with its exit code,
+//!   and [`commands::start`], which runs a gateway in the current runtime;
+//! - [`gateway`], [`proxy`], [`server`], [`admin`]: the request path, the upstream client, the
+//!   listener with its graceful shutdown, and the admin endpoints;
+//! - [`demo`]: the built-in upstream of `idem demo`.
 
+pub mod admin;
+pub mod body;
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod demo;
+pub mod gateway;
+pub mod proxy;
+pub mod server;
+pub mod store;
+pub mod telemetry;

@@ -2,14 +2,39 @@
 
 use std::io::Write as _;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Parser;
-use idem_gateway::cli::Cli;
+use idem_gateway::admin::RenderMetrics;
+use idem_gateway::cli::{Cli, Command};
 use idem_gateway::commands;
+use metrics_exporter_prometheus::PrometheusBuilder;
+
+/// Installs the Prometheus recorder (the binary's alone: libraries only emit through the
+/// `metrics` facade) and returns what renders it. Histograms are kept as summaries; their
+/// upkeep runs every few seconds on its own thread.
+fn install_metrics() -> Option<RenderMetrics> {
+    let handle = PrometheusBuilder::new().install_recorder().ok()?;
+    let upkeep = handle.clone();
+    let _ = std::thread::Builder::new()
+        .name("metrics-upkeep".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(Duration::from_secs(5));
+                upkeep.run_upkeep();
+            }
+        });
+    Some(Arc::new(move || handle.render()))
+}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match commands::run(cli) {
+    let metrics = match cli.command {
+        Command::Serve | Command::Demo => install_metrics(),
+        _ => None,
+    };
+    match commands::run(cli, metrics) {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
             let _ = writeln!(std::io::stderr().lock(), "error: {failure}");

@@ -1,0 +1,270 @@
+//! [`Gateway`]: matches a request to its route, runs it through that route's idempotency layer
+//! (idem-http) over the [`Proxy`], and turns an upstream failure into 502, 503 or 504.
+
+use std::future::poll_fn;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::header::{self, HeaderValue};
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use idem_core::Store;
+use idem_http::{Idempotency, IdempotencyLayer, KeyPolicy, Outcome, StoreFailure};
+use metrics::{Counter, Histogram};
+use serde_json::json;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::body::{GatewayBody, RequestBody, boxed, full};
+use crate::config::toml::{KeyMode, OnStoreError};
+use crate::config::{Config, ConfigError, PathPattern, RouteSettings, ScopeSpec};
+use crate::proxy::{ClientAddr, Proxy, ProxyError, Tracker};
+
+/// The metric names of the gateway, next to the layer's (see `idem_http::metrics`).
+pub mod metric {
+    /// Requests by route and status class (`2xx` ... `5xx`), counter.
+    pub const REQUESTS: &str = "idem_gateway_requests_total";
+    /// Request duration until the response head, by route, histogram (seconds).
+    pub const DURATION: &str = "idem_gateway_request_duration_seconds";
+    /// Upstream failures by kind (`unreachable`, `connect_timeout`, `timeout`, `failed`,
+    /// `shutting_down`), counter.
+    pub const UPSTREAM_ERRORS: &str = "idem_gateway_upstream_errors_total";
+}
+
+/// The idem-http settings of a route.
+///
+/// # Errors
+/// [`idem_http::ConfigError`] when the layer refuses a setting.
+pub fn layer_config(
+    settings: &RouteSettings,
+    store_label: &'static str,
+) -> Result<idem_http::Config, idem_http::ConfigError> {
+    let mut builder = idem_http::Config::builder()
+        .header_name(settings.header.as_str())?
+        .methods(settings.methods.iter().cloned())
+        .key_policy(match settings.key {
+            KeyMode::Optional => KeyPolicy::Optional,
+            KeyMode::Required => KeyPolicy::Required,
+        })
+        .lease(settings.lease)
+        .heartbeat(settings.heartbeat)
+        .retention(settings.retention)
+        .body_limit(settings.request_body_limit)
+        .storage_cap(settings.storage_cap)
+        .store_server_errors(settings.store_server_errors)
+        .store_failure(match settings.on_store_error {
+            OnStoreError::FailClosed => StoreFailure::FailClosed,
+            OnStoreError::FailOpen => StoreFailure::FailOpen,
+        })
+        .strict(settings.strict_keys)
+        .store_label(store_label)
+        .log_keys(settings.log_keys);
+    builder = match &settings.scope {
+        ScopeSpec::Authorization => builder.scope_by_authorization(),
+        ScopeSpec::Header(name) => builder.scope_by_header(name)?,
+        ScopeSpec::None => builder.no_scope(),
+    };
+    if let Some(wait) = settings.wait {
+        builder = builder.wait_for_in_flight(wait);
+    }
+    for name in &settings.allow_headers {
+        builder = builder.allow_header(name.as_str())?;
+    }
+    for name in &settings.deny_headers {
+        builder = builder.deny_header(name.as_str())?;
+    }
+    builder.build()
+}
+
+/// Checks that the layer takes every route's settings (`check-config` and `serve` call this).
+///
+/// # Errors
+/// [`ConfigError`] naming the route whose settings the layer refuses.
+pub fn check_routes(config: &Config) -> Result<(), ConfigError> {
+    for route in &config.routes {
+        layer_config(&route.settings, config.store.spec.kind())
+            .map_err(|err| ConfigError::new(None, format!("route {:?}: {err}", route.name)))?;
+    }
+    Ok(())
+}
+
+/// What a route runs.
+#[derive(Clone, Debug)]
+enum RouteService {
+    /// The idempotency layer over the proxy.
+    Layered(Idempotency<Proxy>),
+    /// The proxy alone (`enabled = false`).
+    Plain(Proxy),
+}
+
+/// A route, ready to serve.
+#[derive(Debug)]
+struct RouteEntry {
+    name: String,
+    path: PathPattern,
+    service: RouteService,
+    /// Requests by status class: 1xx to 5xx.
+    by_class: [Counter; 5],
+    duration: Histogram,
+}
+
+/// The gateway: routes, each with its layer and the shared proxy. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Gateway {
+    routes: Arc<[RouteEntry]>,
+    upstream_errors: Arc<[(&'static str, Counter)]>,
+}
+
+const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+const ERROR_KINDS: [&str; 5] = [
+    "unreachable",
+    "connect_timeout",
+    "timeout",
+    "failed",
+    "shutting_down",
+];
+
+impl Gateway {
+    /// A gateway for `config` over `store`, counting upstream exchanges in `tracker`. Metric
+    /// handles are registered now: install the recorder before.
+    ///
+    /// # Errors
+    /// [`ConfigError`] when there is no upstream or the layer refuses a route's settings.
+    pub fn new(
+        config: &Config,
+        store: Arc<dyn Store>,
+        tracker: Tracker,
+    ) -> Result<Self, ConfigError> {
+        let proxy = Proxy::new(config.require_upstream()?, tracker);
+        let label = config.store.spec.kind();
+        let mut routes = Vec::with_capacity(config.routes.len());
+        for route in &config.routes {
+            let service = if route.settings.enabled {
+                let layer_config = layer_config(&route.settings, label).map_err(|err| {
+                    ConfigError::new(None, format!("route {:?}: {err}", route.name))
+                })?;
+                let layer = IdempotencyLayer::from_arc(store.clone(), layer_config);
+                RouteService::Layered(layer.layer(proxy.clone()))
+            } else {
+                RouteService::Plain(proxy.clone())
+            };
+            let name = route.name.clone();
+            let by_class = CLASSES.map(|class| {
+                metrics::counter!(metric::REQUESTS, "route" => name.clone(), "status" => class)
+            });
+            let duration = metrics::histogram!(metric::DURATION, "route" => name.clone());
+            routes.push(RouteEntry {
+                name,
+                path: route.path.clone(),
+                service,
+                by_class,
+                duration,
+            });
+        }
+        let upstream_errors = ERROR_KINDS
+            .iter()
+            .map(|kind| {
+                (
+                    *kind,
+                    metrics::counter!(metric::UPSTREAM_ERRORS, "kind" => *kind),
+                )
+            })
+            .collect();
+        Ok(Gateway {
+            routes: routes.into(),
+            upstream_errors,
+        })
+    }
+
+    /// Answers one request from a client at `client`.
+    pub async fn handle(
+        &self,
+        request: Request<Incoming>,
+        client: SocketAddr,
+    ) -> Response<GatewayBody> {
+        let start = Instant::now();
+        let (mut parts, body) = request.into_parts();
+        parts.extensions.insert(ClientAddr(client));
+        let request = Request::from_parts(parts, RequestBody::streamed(body));
+        let Some(route) = self
+            .routes
+            .iter()
+            .find(|r| r.path.matches(request.uri().path()))
+        else {
+            // The catch-all route covers every path; a request target without a path (`*`)
+            // reaches here.
+            return problem(
+                StatusCode::NOT_FOUND,
+                "NoRoute",
+                "no route covers this request target",
+            );
+        };
+        let method = request.method().clone();
+        let path = request.uri().path().to_owned();
+        let result = match &route.service {
+            RouteService::Layered(service) => {
+                let mut service = service.clone();
+                match poll_fn(|cx| service.poll_ready(cx)).await {
+                    Ok(()) => service.call(request).await.map(|r| r.map(boxed)),
+                    Err(err) => Err(err),
+                }
+            }
+            RouteService::Plain(proxy) => proxy.forward(request).await.map(|r| r.map(boxed)),
+        };
+        let response = match result {
+            Ok(response) => response,
+            Err(err) => {
+                if let Some((_, counter)) =
+                    self.upstream_errors.iter().find(|(k, _)| *k == err.kind())
+                {
+                    counter.increment(1);
+                }
+                tracing::warn!(route = %route.name, %method, %path, error = %err, "upstream failed; the key, if any, is released");
+                proxy_error_response(&err)
+            }
+        };
+        let class = usize::from(response.status().as_u16() / 100).clamp(1, 5) - 1;
+        route.by_class[class].increment(1);
+        route.duration.record(start.elapsed().as_secs_f64());
+        tracing::debug!(
+            route = %route.name,
+            %method,
+            %path,
+            status = response.status().as_u16(),
+            outcome = response.extensions().get::<Outcome>().map_or("none", |o| o.as_str()),
+            "request"
+        );
+        response
+    }
+}
+
+/// An RFC 9457 problem response of the gateway itself.
+#[must_use]
+pub fn problem(status: StatusCode, name: &str, detail: &str) -> Response<GatewayBody> {
+    let body = json!({
+        "type": format!("https://docs.rs/idem-gateway/latest/idem_gateway/proxy/enum.ProxyError.html#variant.{name}"),
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    let mut response = Response::new(full(body.to_string()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    response
+}
+
+/// The response for an upstream failure: 502, 503 (with `Retry-After`) or 504.
+#[must_use]
+pub fn proxy_error_response(err: &ProxyError) -> Response<GatewayBody> {
+    let mut response = problem(err.status(), err.name(), &err.to_string());
+    if matches!(err, ProxyError::ShuttingDown) {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
+}
