@@ -158,6 +158,19 @@ pub async fn start(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Running, Failure> {
     let store = crate::store::open(&config.store).await?;
+    start_with_store(config, store, metrics, shutdown).await
+}
+
+/// [`start`] over a store the caller opened (tests inspect it; an embedder shares it).
+///
+/// # Errors
+/// [`Failure`]: the configuration is incomplete, or an address is taken.
+pub async fn start_with_store(
+    config: &Config,
+    store: Arc<dyn Store>,
+    metrics: Option<RenderMetrics>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<Running, Failure> {
     let tracker = Tracker::new();
     let gateway = Gateway::new(config, store.clone(), tracker.clone())?;
     let listener = bind(config.server.listen, "the gateway").await?;

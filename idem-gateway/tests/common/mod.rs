@@ -1,0 +1,288 @@
+//! Helpers of the end-to-end tests: the idem-fixture upstream (`--bare`) as a process, an HTTP
+//! client, gateways in this process or as `idem serve` processes. Everything binds 127.0.0.1
+//! port 0.
+
+#![allow(
+    dead_code,
+    unreachable_pub,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic
+)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use idem_core::Store;
+use idem_gateway::commands::{Running, start_with_store};
+use idem_gateway::config::{self, Config, Overrides};
+use idem_store_memory::MemoryStore;
+
+/// The idem-fixture binary, built (or found up to date) once per test process, next to this
+/// test's own target directory.
+pub fn fixture_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().unwrap();
+        // target/<profile>/deps/<test> -> target/<profile>
+        let profile_dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
+        let target_dir = profile_dir.parent().unwrap().to_path_buf();
+        let mut build = Command::new(env!("CARGO"));
+        build
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "idem-fixture",
+                "--bin",
+                "idem-fixture",
+            ])
+            .env("CARGO_TARGET_DIR", &target_dir);
+        if profile_dir
+            .file_name()
+            .is_some_and(|name| name == "release")
+        {
+            build.arg("--release");
+        }
+        let status = build.status().expect("run cargo build -p idem-fixture");
+        assert!(status.success(), "cargo build -p idem-fixture failed");
+        let bin = profile_dir.join(format!("idem-fixture{}", std::env::consts::EXE_SUFFIX));
+        assert!(bin.exists(), "{} was not built", bin.display());
+        bin
+    })
+    .clone()
+}
+
+/// The `idem` binary of this package.
+pub fn idem_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_idem"))
+}
+
+/// A child process killed when dropped.
+pub struct Proc {
+    pub child: Child,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Reads stdout lines of `child` until one starts with `prefix`; returns the rest of it.
+fn read_until(child: &mut Child, prefix: &str) -> String {
+    let stdout = child.stdout.take().unwrap();
+    let mut reader = BufReader::new(stdout);
+    let mut found = None;
+    let mut line = String::new();
+    while found.is_none() {
+        line.clear();
+        let n = reader.read_line(&mut line).unwrap();
+        assert!(n > 0, "the process ended before printing {prefix:?}");
+        if let Some(rest) = line.trim().strip_prefix(prefix) {
+            found = Some(rest.trim().to_owned());
+        }
+    }
+    // Keep draining stdout so the child never blocks on a full pipe.
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        while reader.read_line(&mut sink).is_ok_and(|n| n > 0) {
+            sink.clear();
+        }
+    });
+    found.unwrap()
+}
+
+/// The idem-fixture upstream without the layer, counting its executions.
+pub struct Fixture {
+    pub proc: Proc,
+    pub addr: SocketAddr,
+}
+
+impl Fixture {
+    /// On a free port.
+    pub fn start() -> Fixture {
+        Fixture::start_on("127.0.0.1:0")
+    }
+
+    /// On `listen`.
+    pub fn start_on(listen: &str) -> Fixture {
+        let mut child = Command::new(fixture_bin())
+            .args(["--bare", "--listen", listen])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let addr = read_until(&mut child, "").parse().unwrap();
+        Fixture {
+            proc: Proc { child },
+            addr,
+        }
+    }
+
+    /// How many requests the upstream executed.
+    pub async fn count(&self) -> u64 {
+        let reply = Http::new()
+            .send(
+                Method::GET,
+                &format!("http://{}/counter", self.addr),
+                &[],
+                "",
+            )
+            .await;
+        let value: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+        value["count"].as_u64().unwrap()
+    }
+}
+
+/// A free port on 127.0.0.1 (bound, then let go): for an upstream that starts later.
+pub fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// A response, read whole.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn replayed(&self) -> bool {
+        self.header("idempotent-replayed") == Some("true")
+    }
+}
+
+/// A pooled HTTP/1 client.
+#[derive(Clone)]
+pub struct Http {
+    client: HyperClient<HttpConnector, Full<Bytes>>,
+}
+
+impl Http {
+    pub fn new() -> Http {
+        Http {
+            client: HyperClient::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
+    pub async fn send(
+        &self,
+        method: Method,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> Reply {
+        self.try_send(method, url, headers, body).await.unwrap()
+    }
+
+    pub async fn try_send(
+        &self,
+        method: Method,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> Result<Reply, Box<dyn std::error::Error + Send + Sync>> {
+        let mut request = Request::builder().method(method).uri(url);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request.body(Full::new(body.into()))?;
+        let response = self.client.request(request).await?;
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await?.to_bytes();
+        Ok(Reply {
+            status: parts.status.as_u16(),
+            headers: parts.headers,
+            body,
+        })
+    }
+
+    /// POST with an Idempotency-Key.
+    pub async fn post_key(&self, url: &str, key: &str, body: &str) -> Reply {
+        self.send(
+            Method::POST,
+            url,
+            &[("idempotency-key", key)],
+            body.to_owned(),
+        )
+        .await
+    }
+}
+
+/// A configuration for a gateway in front of `upstream`, on free ports, plus `extra` TOML
+/// (routes, sections).
+pub fn config(upstream: SocketAddr, extra: &str) -> Config {
+    let text = format!(
+        "[upstream]\nurl = \"http://{upstream}\"\n\n[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n{extra}"
+    );
+    config::from_str("test.toml", &text, &Overrides::default()).unwrap()
+}
+
+/// A gateway in this process over a memory store the test can inspect.
+pub struct Gateway {
+    pub running: Option<Running>,
+    pub store: Arc<MemoryStore>,
+    pub url: String,
+    pub admin: Option<String>,
+}
+
+impl Gateway {
+    pub async fn start(config: &Config) -> Gateway {
+        let store = Arc::new(MemoryStore::new());
+        let dyn_store: Arc<dyn Store> = store.clone();
+        let running = start_with_store(config, dyn_store, None, std::future::pending())
+            .await
+            .unwrap();
+        Gateway {
+            url: format!("http://{}", running.listen),
+            admin: running.admin.map(|a| format!("http://{a}")),
+            running: Some(running),
+            store,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.url)
+    }
+}
+
+/// Polls `check` every 20 ms until it holds or `limit` passes.
+pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -1,0 +1,525 @@
+//! End-to-end: the behaviours of DESIGN.md section 5 through `idem serve` (in this process, on
+//! the memory store) in front of the idem-fixture upstream (`--bare`), all on 127.0.0.1 port 0.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::{Fixture, Gateway, Http, config, eventually, free_addr};
+use http::Method;
+use idem_core::{IdempotencyKey, RecordKey, State, Store};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const PAYMENTS: &str = "[[route]]\nname = \"payments\"\npath = \"/echo\"\nkey = \"required\"\n";
+
+fn record_key(key: &str) -> RecordKey {
+    RecordKey::unscoped(IdempotencyKey::new(key).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_is_replayed_and_the_upstream_runs_once() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config(fixture.addr, PAYMENTS)).await;
+    let http = Http::new();
+
+    let first = http
+        .post_key(&gateway.url("/echo"), "pay-1", "10 EUR")
+        .await;
+    assert_eq!(first.status, 201);
+    assert!(!first.replayed());
+    assert_eq!(first.text(), "10 EUR");
+
+    let retry = http
+        .post_key(&gateway.url("/echo"), "pay-1", "10 EUR")
+        .await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body);
+    assert_eq!(retry.header("content-type"), first.header("content-type"));
+    assert_eq!(fixture.count().await, 1);
+
+    // Stored under the key, completed.
+    let record = gateway
+        .store
+        .get(&record_key("pay-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.state, State::Completed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mismatch_missing_and_invalid_keys_are_refused_before_the_upstream() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config(fixture.addr, PAYMENTS)).await;
+    let http = Http::new();
+    let url = gateway.url("/echo");
+    assert_eq!(http.post_key(&url, "k", "a").await.status, 201);
+
+    let mismatch = http.post_key(&url, "k", "b").await;
+    assert_eq!(mismatch.status, 422);
+    assert_eq!(
+        mismatch.header("content-type"),
+        Some("application/problem+json")
+    );
+
+    let missing = http.send(Method::POST, &url, &[], "a").await;
+    assert_eq!(missing.status, 400);
+    for bad in ["", "\"a\", \"b\"", &"x".repeat(256)] {
+        let reply = http
+            .send(Method::POST, &url, &[("idempotency-key", bad)], "a")
+            .await;
+        assert_eq!(reply.status, 400, "{bad:?}");
+    }
+    assert_eq!(fixture.count().await, 1);
+    // The original record is untouched by the mismatch.
+    let replay = http.post_key(&url, "k", "a").await;
+    assert!(replay.replayed() && replay.text() == "a");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncovered_methods_and_unkeyed_optional_routes_pass_through() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config(fixture.addr, "")).await;
+    let http = Http::new();
+    // The default route: key optional. Without a key, each POST runs.
+    for _ in 0..2 {
+        assert_eq!(
+            http.send(Method::POST, &gateway.url("/echo"), &[], "x")
+                .await
+                .status,
+            201
+        );
+    }
+    assert_eq!(fixture.count().await, 2);
+    // GET is not covered: never stored, even with a key.
+    let get = http
+        .send(
+            Method::GET,
+            &gateway.url("/counter"),
+            &[("idempotency-key", "g")],
+            "",
+        )
+        .await;
+    assert_eq!(get.status, 200);
+    assert!(gateway.store.get(&record_key("g")).await.unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_in_flight_gets_409_with_retry_after() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config(fixture.addr, "")).await;
+    let http = Http::new();
+    let url = gateway.url("/slow?ms=1500");
+    let first = tokio::spawn({
+        let (http, url) = (http.clone(), url.clone());
+        async move { http.post_key(&url, "slow-1", "").await }
+    });
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            gateway
+                .store
+                .get(&record_key("slow-1"))
+                .await
+                .unwrap()
+                .is_some()
+        })
+        .await
+    );
+    let duplicate = http.post_key(&url, "slow-1", "").await;
+    assert_eq!(duplicate.status, 409);
+    let retry_after: u64 = duplicate.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=30).contains(&retry_after), "{retry_after}");
+    // Same key, another request, while in flight: 422 wins over 409.
+    assert_eq!(
+        http.post_key(&gateway.url("/slow?ms=1"), "slow-1", "")
+            .await
+            .status,
+        422
+    );
+    assert_eq!(first.await.unwrap().status, 200);
+    assert!(http.post_key(&url, "slow-1", "").await.replayed());
+    assert_eq!(fixture.count().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_errors_release_the_key_and_client_errors_are_stored() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config(fixture.addr, "")).await;
+    let http = Http::new();
+    for _ in 0..2 {
+        let reply = http.post_key(&gateway.url("/status/503"), "five", "").await;
+        assert_eq!(reply.status, 503);
+        assert!(!reply.replayed());
+    }
+    assert_eq!(
+        fixture.count().await,
+        2,
+        "a 5xx releases the key: the retry ran"
+    );
+    assert_eq!(
+        http.post_key(&gateway.url("/status/404"), "four", "")
+            .await
+            .status,
+        404
+    );
+    let again = http.post_key(&gateway.url("/status/404"), "four", "").await;
+    assert!(again.status == 404 && again.replayed());
+    assert_eq!(
+        http.post_key(&gateway.url("/status/429"), "many", "")
+            .await
+            .status,
+        429
+    );
+    assert!(
+        !http
+            .post_key(&gateway.url("/status/429"), "many", "")
+            .await
+            .replayed()
+    );
+    assert_eq!(fixture.count().await, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replayed_headers_keep_order_and_repeats_without_set_cookie() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config(fixture.addr, "")).await;
+    let http = Http::new();
+    let first = http.post_key(&gateway.url("/headers"), "h", "").await;
+    assert_eq!(first.headers.get_all("set-cookie").iter().count(), 2);
+    let replay = http.post_key(&gateway.url("/headers"), "h", "").await;
+    assert!(replay.replayed());
+    assert_eq!(replay.status, 201);
+    let multi: Vec<_> = replay.headers.get_all("x-multi").iter().collect();
+    assert_eq!(multi, ["one", "two"]);
+    assert_eq!(replay.header("etag"), Some("\"v1\""));
+    assert_eq!(replay.header("location"), Some("/things/1"));
+    assert!(replay.headers.get("set-cookie").is_none());
+    assert_eq!(replay.body, first.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_response_is_streamed_whole_and_replayed() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config(fixture.addr, "")).await;
+    let http = Http::new();
+    let url = gateway.url("/large?bytes=300000");
+    let first = http.post_key(&url, "big", "").await;
+    assert_eq!(first.body.len(), 300_000);
+    let replay = http.post_key(&url, "big", "").await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(fixture.count().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_down_is_502_and_releases_the_key() {
+    let upstream = free_addr();
+    let gateway = Gateway::start(&config(upstream, "")).await;
+    let http = Http::new();
+    let down = http.post_key(&gateway.url("/echo"), "down-1", "x").await;
+    assert_eq!(down.status, 502);
+    assert_eq!(
+        down.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert!(
+        gateway
+            .store
+            .get(&record_key("down-1"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // The upstream comes up: the retry executes.
+    let fixture = Fixture::start_on(&upstream.to_string());
+    let retry = http.post_key(&gateway.url("/echo"), "down-1", "x").await;
+    assert_eq!(retry.status, 201);
+    assert!(!retry.replayed());
+    assert_eq!(fixture.count().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_too_slow_is_504_and_releases_the_key() {
+    let fixture = Fixture::start();
+    let mut config = config(fixture.addr, "");
+    config.upstream.as_mut().unwrap().timeout = Duration::from_millis(300);
+    let gateway = Gateway::start(&config).await;
+    let http = Http::new();
+    let url = gateway.url("/slow?ms=1000");
+    let slow = http.post_key(&url, "slow-504", "").await;
+    assert_eq!(slow.status, 504);
+    assert!(
+        gateway
+            .store
+            .get(&record_key("slow-504"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // The key is free: the retry reaches the upstream again (and times out again), no 409.
+    assert_eq!(http.post_key(&url, "slow-504", "").await.status, 504);
+    // A fast request under another key still works.
+    assert_eq!(
+        http.post_key(&gateway.url("/slow?ms=1"), "fast", "")
+            .await
+            .status,
+        200
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_still_gets_its_response_stored() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config(fixture.addr, "")).await;
+    let addr: SocketAddr = gateway.url.trim_start_matches("http://").parse().unwrap();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(
+            b"POST /slow?ms=600 HTTP/1.1\r\nhost: x\r\nidempotency-key: gone\r\ncontent-length: 0\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    drop(stream);
+    let stored = eventually(Duration::from_secs(3), || async {
+        gateway
+            .store
+            .get(&record_key("gone"))
+            .await
+            .unwrap()
+            .is_some_and(|r| r.state == State::Completed)
+    })
+    .await;
+    assert!(stored, "the response of the departed client was stored");
+    let replay = Http::new()
+        .post_key(&gateway.url("/slow?ms=600"), "gone", "")
+        .await;
+    assert!(replay.replayed());
+    assert_eq!(replay.text(), "slept:600");
+    assert_eq!(fixture.count().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_headers_get_431_and_oversized_bodies_413() {
+    let fixture = Fixture::start();
+    let extra = "[server]\nmax_header_bytes = \"16KiB\"\n";
+    // [server] appears twice if added to the common config: build the text here instead.
+    let text = format!(
+        "[upstream]\nurl = \"http://{}\"\n{extra}listen = \"127.0.0.1:0\"\n[admin]\nenabled = false\n[idempotency]\nrequest_body_limit = \"1KiB\"\n",
+        fixture.addr
+    );
+    let config = idem_gateway::config::from_str("t.toml", &text, &Default::default()).unwrap();
+    let gateway = Gateway::start(&config).await;
+    let http = Http::new();
+    let big = "v".repeat(20_000);
+    let reply = http
+        .send(Method::POST, &gateway.url("/echo"), &[("x-big", &big)], "x")
+        .await;
+    assert_eq!(reply.status, 431);
+    let body = "b".repeat(2048);
+    let reply = http.post_key(&gateway.url("/echo"), "too-big", &body).await;
+    assert_eq!(reply.status, 413);
+    assert_eq!(fixture.count().await, 0);
+    assert!(
+        gateway
+            .store
+            .get(&record_key("too-big"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+/// An upstream that answers every request with its own request head, as text.
+async fn header_echo() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    |request: http::Request<hyper::body::Incoming>| async move {
+                        let mut text = format!("{} {}\n", request.method(), request.uri());
+                        for (name, value) in request.headers() {
+                            text.push_str(&format!("{name}: {}\n", value.to_str().unwrap_or("?")));
+                        }
+                        let mut response = http::Response::new(http_body_util::Full::new(
+                            bytes::Bytes::from(text),
+                        ));
+                        response
+                            .headers_mut()
+                            .insert("connection", http::HeaderValue::from_static("x-private"));
+                        response
+                            .headers_mut()
+                            .insert("x-private", http::HeaderValue::from_static("1"));
+                        Ok::<_, Infallible>(response)
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_headers_are_set_host_is_kept_and_hop_by_hop_headers_are_stripped() {
+    let upstream = header_echo().await;
+    let gateway = Gateway::start(&config(upstream, "")).await;
+    let addr: SocketAddr = gateway.url.trim_start_matches("http://").parse().unwrap();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(
+            b"GET /who?x=1 HTTP/1.1\r\nhost: api.example.com\r\nx-forwarded-for: 10.1.2.3\r\nconnection: close, x-hop\r\nx-hop: secret\r\nkeep-alive: timeout=5\r\nproxy-authorization: Basic Zm9v\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    let lower = raw.to_ascii_lowercase();
+    assert!(lower.starts_with("http/1.1 200"), "{raw}");
+    assert!(lower.contains("get /who?x=1\n"), "{raw}");
+    assert!(lower.contains("host: api.example.com\n"), "{raw}");
+    assert!(
+        lower.contains("x-forwarded-for: 10.1.2.3, 127.0.0.1\n"),
+        "{raw}"
+    );
+    assert!(lower.contains("x-forwarded-proto: http\n"), "{raw}");
+    assert!(
+        lower.contains("x-forwarded-host: api.example.com\n"),
+        "{raw}"
+    );
+    for hop in ["x-hop:", "keep-alive:", "proxy-authorization:"] {
+        assert!(!lower.contains(hop), "{hop} forwarded: {raw}");
+    }
+    // The upstream's Connection-named header does not reach the client.
+    assert!(!lower.contains("x-private"), "{raw}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_listener_serves_health_readiness_and_a_token() {
+    let fixture = Fixture::start();
+    let mut config = config(fixture.addr, "");
+    config.admin.as_mut().unwrap().token = Some("s3cret".into());
+    let gateway = Gateway::start(&config).await;
+    let admin = gateway.admin.clone().unwrap();
+    let http = Http::new();
+    assert_eq!(
+        http.send(Method::GET, &format!("{admin}/healthz"), &[], "")
+            .await
+            .status,
+        401
+    );
+    let auth = [("authorization", "Bearer s3cret")];
+    assert_eq!(
+        http.send(Method::GET, &format!("{admin}/healthz"), &auth, "")
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        http.send(Method::GET, &format!("{admin}/readyz"), &auth, "")
+            .await
+            .status,
+        200
+    );
+    let wrong = [("authorization", "Bearer s3cres")];
+    assert_eq!(
+        http.send(Method::GET, &format!("{admin}/readyz"), &wrong, "")
+            .await
+            .status,
+        401
+    );
+    // No recorder in this process: /metrics says so.
+    assert_eq!(
+        http.send(Method::GET, &format!("{admin}/metrics"), &auth, "")
+            .await
+            .status,
+        404
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_in_flight_requests_finish_within_the_grace() {
+    let fixture = Fixture::start();
+    let mut gateway = Gateway::start(&config(fixture.addr, "")).await;
+    let http = Http::new();
+    let url = gateway.url("/slow?ms=700");
+    let request = tokio::spawn({
+        let http = http.clone();
+        async move { http.post_key(&url, "drain", "").await }
+    });
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            gateway
+                .store
+                .get(&record_key("drain"))
+                .await
+                .unwrap()
+                .is_some()
+        })
+        .await
+    );
+    let drained = gateway.running.take().unwrap().stop().await.unwrap();
+    assert!(drained.clean, "{drained:?}");
+    assert_eq!(request.await.unwrap().status, 200);
+    let record = gateway
+        .store
+        .get(&record_key("drain"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.state, State::Completed);
+    // The listener is closed.
+    assert!(
+        http.try_send(Method::GET, &gateway.url("/counter"), &[], "")
+            .await
+            .is_err()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_past_the_grace_releases_the_keys_of_what_is_left() {
+    let fixture = Fixture::start();
+    let text = format!(
+        "[upstream]\nurl = \"http://{}\"\n[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace = \"300ms\"\n[admin]\nenabled = false\n",
+        fixture.addr
+    );
+    let config = idem_gateway::config::from_str("t.toml", &text, &Default::default()).unwrap();
+    let mut gateway = Gateway::start(&config).await;
+    let url = gateway.url("/slow?ms=5000");
+    let request = tokio::spawn(async move { Http::new().post_key(&url, "cut", "").await });
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            gateway
+                .store
+                .get(&record_key("cut"))
+                .await
+                .unwrap()
+                .is_some()
+        })
+        .await
+    );
+    let drained = gateway.running.take().unwrap().stop().await.unwrap();
+    assert!(!drained.clean);
+    assert_eq!(drained.abandoned, 0);
+    let reply = request.await.unwrap();
+    assert_eq!(reply.status, 503, "{}", reply.text());
+    assert!(
+        gateway
+            .store
+            .get(&record_key("cut"))
+            .await
+            .unwrap()
+            .is_none(),
+        "the key of the aborted request is released"
+    );
+}
