@@ -1,0 +1,719 @@
+//! [`RedbStore`]: the [`Store`] in one redb file, and its builder.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::machine::{self, LeasePolicy, Step, Write};
+use idem_core::{
+    Bytes, ClaimOutcome, ClaimRequest, Clock, Failure, Fence, Lease, OwnerToken, Record, RecordKey,
+    ScanPage, ScanQuery, Store, StoreError, SystemClock, Timestamp,
+};
+use redb::{
+    Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition,
+};
+use tokio::sync::oneshot;
+
+use crate::codec;
+
+/// The records: table key (see [`codec::encode_key`]) to stored record.
+const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem_records");
+/// Store-wide values: the highest fence ever granted, the format version.
+const META: TableDefinition<&str, u64> = TableDefinition::new("idem_meta");
+const LAST_FENCE: &str = "last_fence";
+const FORMAT: &str = "format";
+
+/// The most operations one write transaction (one fsync) carries.
+const MAX_BATCH: usize = 256;
+/// How many expired records one sweep transaction removes.
+const SWEEP_BATCH: usize = 1_000;
+
+/// The embedded durable store: one redb file. Cheap to clone: clones share the file.
+///
+/// See the [crate docs](crate) for durability, batching and expiry.
+#[derive(Clone, Debug)]
+pub struct RedbStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    db: Arc<RwLock<Database>>,
+    path: PathBuf,
+    clock: Arc<dyn Clock>,
+    policy: LeasePolicy,
+    /// The writer's queue; `None` once the store is dropped.
+    jobs: Option<Sender<Job>>,
+    writer: Option<JoinHandle<()>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Closing the queue stops the writer after its last batch; joining it closes the file
+        // before the drop returns, so the file can be opened again at once.
+        drop(self.jobs.take());
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+/// Builds a [`RedbStore`]. Made by [`RedbStore::builder`].
+#[derive(Debug)]
+#[must_use]
+pub struct RedbStoreBuilder {
+    clock: Arc<dyn Clock>,
+    policy: LeasePolicy,
+    quick_repair: bool,
+    cache_size: Option<usize>,
+}
+
+impl Default for RedbStoreBuilder {
+    fn default() -> Self {
+        RedbStoreBuilder {
+            clock: Arc::new(SystemClock),
+            policy: LeasePolicy::Lenient,
+            quick_repair: true,
+            cache_size: None,
+        }
+    }
+}
+
+impl RedbStoreBuilder {
+    /// The clock (default: [`SystemClock`]). Tests pass a [`idem_core::ManualClock`].
+    pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Refuse transitions of a holder whose lease lapsed, even if nobody took the key over
+    /// (default: lenient; see [`LeasePolicy`]).
+    pub fn lease_policy(mut self, policy: LeasePolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Whether every commit also saves redb's allocator state with a two-phase commit (default:
+    /// on). On, a file reopened after a crash (`kill -9`, power loss) needs no repair pass; off,
+    /// commits are a little cheaper and the first open after a crash walks the whole file.
+    pub fn quick_repair(mut self, on: bool) -> Self {
+        self.quick_repair = on;
+        self
+    }
+
+    /// The size of redb's page cache in bytes (default: redb's).
+    pub fn cache_size(mut self, bytes: usize) -> Self {
+        self.cache_size = Some(bytes);
+        self
+    }
+
+    /// Opens the file at `path`, creating it if needed. Blocks while redb opens the file (and,
+    /// after a crash with quick repair off, repairs it): call it at startup, or inside
+    /// `spawn_blocking`.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] if the file cannot be opened or created (another process
+    /// holds it, no permission), [`StoreError::Backend`] if it is not a redb file or was written
+    /// by a newer format.
+    pub fn open(self, path: impl AsRef<Path>) -> Result<RedbStore, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let mut builder = Database::builder();
+        if let Some(bytes) = self.cache_size {
+            builder.set_cache_size(bytes);
+        }
+        let db = builder.create(&path).map_err(storage)?;
+        let last_fence = prepare(&db, self.quick_repair)?;
+        let db = Arc::new(RwLock::new(db));
+        let (jobs, queue) = mpsc::channel();
+        let writer = Writer {
+            db: Arc::clone(&db),
+            clock: Arc::clone(&self.clock),
+            last_fence,
+            quick_repair: self.quick_repair,
+        };
+        let writer = std::thread::Builder::new()
+            .name("idem-redb-writer".to_owned())
+            .spawn(move || writer.run(&queue))
+            .map_err(StoreError::unavailable)?;
+        Ok(RedbStore {
+            inner: Arc::new(Inner {
+                db,
+                path,
+                clock: self.clock,
+                policy: self.policy,
+                jobs: Some(jobs),
+                writer: Some(writer),
+            }),
+        })
+    }
+}
+
+/// Creates the tables of a new file, checks the format of an old one, and reads the highest
+/// fence ever granted.
+fn prepare(db: &Database, quick_repair: bool) -> Result<u64, StoreError> {
+    let txn = begin_write(db, quick_repair)?;
+    let last_fence = {
+        let mut meta = txn.open_table(META).map_err(storage)?;
+        let format = meta.get(FORMAT).map_err(storage)?.map(|v| v.value());
+        match format {
+            None => {
+                meta.insert(FORMAT, u64::from(codec::FORMAT))
+                    .map_err(storage)?;
+            }
+            Some(format) if format == u64::from(codec::FORMAT) => {}
+            Some(format) => {
+                return Err(StoreError::Backend {
+                    source: format!(
+                        "the file holds records of format {format}; this build reads format {}",
+                        codec::FORMAT
+                    )
+                    .into(),
+                    retryable: false,
+                });
+            }
+        }
+        let last = meta.get(LAST_FENCE).map_err(storage)?.map(|v| v.value());
+        last.unwrap_or(0)
+    };
+    txn.open_table(RECORDS).map_err(storage)?;
+    txn.commit().map_err(storage)?;
+    Ok(last_fence)
+}
+
+fn begin_write(db: &Database, quick_repair: bool) -> Result<redb::WriteTransaction, StoreError> {
+    let mut txn = db.begin_write().map_err(storage)?;
+    txn.set_durability(Durability::Immediate).map_err(storage)?;
+    txn.set_quick_repair(quick_repair);
+    Ok(txn)
+}
+
+/// A redb error as a [`StoreError`]: I/O and a closed database are `Unavailable`, an oversized
+/// value `TooLarge`, anything else (a corrupt file, a format from the future) a permanent
+/// `Backend` error.
+pub(crate) fn storage(err: impl Into<redb::Error>) -> StoreError {
+    let err: redb::Error = err.into();
+    match err {
+        redb::Error::Io(_)
+        | redb::Error::PreviousIo
+        | redb::Error::DatabaseClosed
+        | redb::Error::DatabaseAlreadyOpen
+        | redb::Error::LockPoisoned(_) => StoreError::unavailable(err),
+        redb::Error::ValueTooLarge(size) => StoreError::TooLarge {
+            size,
+            limit: u32::MAX as usize,
+        },
+        other => StoreError::Backend {
+            source: Box::new(other),
+            retryable: false,
+        },
+    }
+}
+
+/// A failed batch's error, shared by every operation of the batch.
+#[derive(Debug)]
+struct BatchError(Arc<str>);
+
+impl std::fmt::Display for BatchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BatchError {}
+
+/// What the writer hands back once the batch's commit is settled: `None` if it committed.
+type Reply = Box<dyn FnOnce(Option<&(Arc<str>, bool)>) + Send>;
+/// One operation for the writer: runs against the open batch (or `None` if the batch could
+/// not be opened) and returns how to answer.
+type Job = Box<dyn FnOnce(Option<&mut Batch<'_>>) -> Reply + Send>;
+
+/// The single writer: takes every operation queued since its last commit, applies them in one
+/// write transaction, commits once (one fsync for the batch), then answers them all.
+struct Writer {
+    db: Arc<RwLock<Database>>,
+    clock: Arc<dyn Clock>,
+    last_fence: u64,
+    quick_repair: bool,
+}
+
+/// The open write transaction of one batch, as operations see it.
+pub(crate) struct Batch<'t> {
+    records: redb::Table<'t, &'static [u8], &'static [u8]>,
+    clock: Arc<dyn Clock>,
+    last_fence: u64,
+    dirty: bool,
+    /// A storage error: the batch is aborted and every operation in it fails.
+    broken: Option<StoreError>,
+}
+
+impl Writer {
+    fn run(mut self, queue: &Receiver<Job>) {
+        while let Ok(first) = queue.recv() {
+            let mut jobs = vec![first];
+            while jobs.len() < MAX_BATCH {
+                match queue.try_recv() {
+                    Ok(job) => jobs.push(job),
+                    Err(_) => break,
+                }
+            }
+            let db = Arc::clone(&self.db);
+            let db = read_lock(&db);
+            let (replies, outcome) = self.batch(&db, jobs);
+            let failure = outcome
+                .err()
+                .map(|e| (Arc::<str>::from(e.to_string()), e.is_retryable()));
+            for reply in replies {
+                reply(failure.as_ref());
+            }
+        }
+    }
+
+    fn batch(&mut self, db: &Database, jobs: Vec<Job>) -> (Vec<Reply>, Result<(), StoreError>) {
+        let txn = match begin_write(db, self.quick_repair) {
+            Ok(txn) => txn,
+            Err(err) => return (jobs.into_iter().map(|job| job(None)).collect(), Err(err)),
+        };
+        let records = match txn.open_table(RECORDS) {
+            Ok(records) => records,
+            Err(err) => {
+                return (
+                    jobs.into_iter().map(|job| job(None)).collect(),
+                    Err(storage(err)),
+                );
+            }
+        };
+        let (replies, last_fence, dirty, broken) = {
+            let mut batch = Batch {
+                records,
+                clock: Arc::clone(&self.clock),
+                last_fence: self.last_fence,
+                dirty: false,
+                broken: None,
+            };
+            let replies: Vec<Reply> = jobs.into_iter().map(|job| job(Some(&mut batch))).collect();
+            (replies, batch.last_fence, batch.dirty, batch.broken)
+        };
+        if let Some(err) = broken {
+            let _ = txn.abort();
+            return (replies, Err(err));
+        }
+        if !dirty {
+            // Nothing written (replays, refusals): no commit, no fsync.
+            let _ = txn.abort();
+            return (replies, Ok(()));
+        }
+        let committed = (|| {
+            if last_fence > self.last_fence {
+                let mut meta = txn.open_table(META).map_err(storage)?;
+                meta.insert(LAST_FENCE, last_fence).map_err(storage)?;
+            }
+            txn.commit().map_err(storage)
+        })();
+        if committed.is_ok() {
+            self.last_fence = last_fence;
+        }
+        (replies, committed)
+    }
+}
+
+impl Batch<'_> {
+    /// Runs one transition on `key` against the batch's view (earlier operations of the batch
+    /// included) and applies its write.
+    fn transition<T>(
+        &mut self,
+        key: &RecordKey,
+        decide: impl FnOnce(Option<&Record>, Timestamp, Fence) -> Result<Step<T>, StoreError>,
+    ) -> Result<T, StoreError> {
+        let raw_key = codec::encode_key(key);
+        let found = self
+            .records
+            .get(raw_key.as_slice())
+            .map(|raw| raw.map(|raw| codec::decode_record(key, raw.value())));
+        let existing = match found {
+            Ok(found) => found.transpose()?,
+            Err(err) => return Err(self.break_batch(storage(err))),
+        };
+        let now = self.clock.now();
+        let step = decide(
+            existing.as_ref(),
+            now,
+            Fence::new(self.last_fence).successor(),
+        )?;
+        match step.write {
+            Write::Nothing => {}
+            Write::Put(record) => {
+                let raw = codec::encode_record(&record)?;
+                let inserted = self
+                    .records
+                    .insert(raw_key.as_slice(), raw.as_slice())
+                    .map(drop);
+                if let Err(err) = inserted {
+                    return Err(self.break_batch(storage(err)));
+                }
+                self.last_fence = self.last_fence.max(record.fence.get());
+                self.dirty = true;
+            }
+            Write::Remove => {
+                let removed = self.records.remove(raw_key.as_slice()).map(drop);
+                if let Err(err) = removed {
+                    return Err(self.break_batch(storage(err)));
+                }
+                self.dirty = true;
+            }
+        }
+        Ok(step.answer)
+    }
+
+    fn delete(&mut self, key: &RecordKey) -> Result<bool, StoreError> {
+        let now = self.clock.now();
+        let raw_key = codec::encode_key(key);
+        let removed = self
+            .records
+            .remove(raw_key.as_slice())
+            .map(|removed| removed.map(|raw| codec::expires_at(raw.value())));
+        let removed = match removed {
+            Ok(removed) => removed,
+            Err(err) => return Err(self.break_batch(storage(err))),
+        };
+        let Some(expires_at) = removed else {
+            return Ok(false);
+        };
+        self.dirty = true;
+        // A record that cannot be read counts as there: the operator removed something.
+        Ok(expires_at.is_none_or(|at| now < at))
+    }
+
+    /// Removes up to [`SWEEP_BATCH`] expired records; returns how many.
+    fn sweep(&mut self) -> Result<usize, StoreError> {
+        let now = self.clock.now();
+        let removed = self
+            .records
+            .extract_if(|_, raw| codec::expires_at(raw).is_some_and(|at| now >= at))
+            .map(|expired| expired.take(SWEEP_BATCH).filter(Result::is_ok).count());
+        let removed = match removed {
+            Ok(removed) => removed,
+            Err(err) => return Err(self.break_batch(storage(err))),
+        };
+        if removed > 0 {
+            self.dirty = true;
+        }
+        Ok(removed)
+    }
+
+    fn break_batch(&mut self, err: StoreError) -> StoreError {
+        let message = err.to_string();
+        self.broken.get_or_insert(err);
+        StoreError::unavailable(message)
+    }
+}
+
+/// Takes the database's shared lock. The lock guards no invariant of its own (only
+/// compaction's exclusive access), so a poisoned lock is used as it is.
+fn read_lock(db: &RwLock<Database>) -> RwLockReadGuard<'_, Database> {
+    db.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl RedbStore {
+    /// Opens (or creates) the store file at `path` with every default: the system clock,
+    /// lenient leases, quick repair on. See [`RedbStoreBuilder::open`].
+    ///
+    /// # Errors
+    /// As [`RedbStoreBuilder::open`].
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        RedbStore::builder().open(path)
+    }
+
+    /// A builder for a store with a manual clock, a strict lease policy or other settings.
+    pub fn builder() -> RedbStoreBuilder {
+        RedbStoreBuilder::default()
+    }
+
+    /// The path of the store file.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Queues `op` for the writer and waits until its batch is committed (or failed).
+    async fn submit<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&mut Batch<'_>) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (answer, answered) = oneshot::channel();
+        let job: Job = Box::new(move |batch| {
+            let result = match batch {
+                Some(batch) => op(batch),
+                None => Err(StoreError::unavailable(
+                    "the write transaction did not open",
+                )),
+            };
+            Box::new(move |failure| {
+                let result = match failure {
+                    None => result,
+                    Some((message, true)) => {
+                        Err(StoreError::unavailable(BatchError(Arc::clone(message))))
+                    }
+                    Some((message, false)) => Err(StoreError::Backend {
+                        source: Box::new(BatchError(Arc::clone(message))),
+                        retryable: false,
+                    }),
+                };
+                let _ = answer.send(result);
+            })
+        });
+        let queue = self
+            .inner
+            .jobs
+            .as_ref()
+            .ok_or_else(|| StoreError::unavailable("the store is closed"))?;
+        queue
+            .send(job)
+            .map_err(|_| StoreError::unavailable("the redb writer stopped"))?;
+        answered
+            .await
+            .map_err(|_| StoreError::unavailable("the redb writer stopped"))?
+    }
+
+    async fn transition<T: Send + 'static>(
+        &self,
+        key: RecordKey,
+        decide: impl FnOnce(Option<&Record>, Timestamp, Fence) -> Result<Step<T>, StoreError>
+        + Send
+        + 'static,
+    ) -> Result<T, StoreError> {
+        self.submit(move |batch| batch.transition(&key, decide))
+            .await
+    }
+
+    /// Runs `read` in a read transaction on a blocking thread: reads never wait for the writer.
+    async fn read<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&ReadTransaction, Timestamp) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let db = Arc::clone(&self.inner.db);
+        let clock = Arc::clone(&self.inner.clock);
+        tokio::task::spawn_blocking(move || {
+            let db = read_lock(&db);
+            let txn = db.begin_read().map_err(storage)?;
+            read(&txn, clock.now())
+        })
+        .await
+        .map_err(|e| StoreError::Backend {
+            source: Box::new(e),
+            retryable: false,
+        })?
+    }
+
+    /// Removes every expired record (the file keeps their space for new records; see
+    /// [`RedbStore::compact`] to give it back); returns how many. Expired records count as
+    /// absent whether swept or not: sweeping only keeps the file small. This is what
+    /// `idem store sweep` runs.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] if the file cannot be written.
+    pub async fn sweep(&self) -> Result<u64, StoreError> {
+        let mut total = 0u64;
+        loop {
+            let removed = self.submit(|batch| batch.sweep()).await?;
+            total += removed as u64;
+            if removed < SWEEP_BATCH {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Compacts the file, giving the space of removed records back to the file system; `true`
+    /// if it did anything. Waits for the operations in progress and holds every other
+    /// operation until it is done: run it after a [`RedbStore::sweep`], in a quiet moment.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] if the file cannot be written.
+    pub async fn compact(&self) -> Result<bool, StoreError> {
+        let db = Arc::clone(&self.inner.db);
+        tokio::task::spawn_blocking(move || {
+            let mut db = db.write().unwrap_or_else(PoisonError::into_inner);
+            db.compact().map_err(storage)
+        })
+        .await
+        .map_err(|e| StoreError::Backend {
+            source: Box::new(e),
+            retryable: false,
+        })?
+    }
+
+    /// Stores `raw` as the value of `key` as it is, bypassing the codec and the state machine:
+    /// for tests that plant a half-written or foreign record. Every later read of it answers
+    /// [`StoreError::Corrupt`].
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] if the file cannot be written.
+    #[doc(hidden)]
+    pub async fn put_raw(&self, key: &RecordKey, raw: Vec<u8>) -> Result<(), StoreError> {
+        let raw_key = codec::encode_key(key);
+        self.submit(move |batch| {
+            let inserted = batch
+                .records
+                .insert(raw_key.as_slice(), raw.as_slice())
+                .map(drop);
+            if let Err(err) = inserted {
+                return Err(batch.break_batch(storage(err)));
+            }
+            batch.dirty = true;
+            Ok(())
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl Store for RedbStore {
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        let request = request.clone();
+        self.transition(request.key.clone(), move |existing, now, min_fence| {
+            machine::claim(existing, &request, now, min_fence, OwnerToken::random())
+        })
+        .await
+    }
+
+    async fn heartbeat(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
+        let lease = lease.clone();
+        let policy = self.inner.policy;
+        self.transition(lease.key.clone(), move |existing, now, _| {
+            machine::heartbeat(existing, &lease, extend, now, policy)
+        })
+        .await
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        result: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let lease = lease.clone();
+        let policy = self.inner.policy;
+        self.transition(lease.key.clone(), move |existing, now, _| {
+            machine::complete(existing, &lease, result, retention, now, policy)
+        })
+        .await
+    }
+
+    async fn fail(
+        &self,
+        lease: &Lease,
+        failure: Failure,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let lease = lease.clone();
+        let policy = self.inner.policy;
+        self.transition(lease.key.clone(), move |existing, now, _| {
+            machine::fail(existing, &lease, failure, retention, now, policy)
+        })
+        .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        let lease = lease.clone();
+        self.transition(lease.key.clone(), move |existing, now, _| {
+            machine::release(existing, &lease, now)
+        })
+        .await
+    }
+
+    async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
+        let key = key.clone();
+        self.read(move |txn, now| {
+            let records = txn.open_table(RECORDS).map_err(storage)?;
+            let raw_key = codec::encode_key(&key);
+            let Some(raw) = records.get(raw_key.as_slice()).map_err(storage)? else {
+                return Ok(None);
+            };
+            let record = codec::decode_record(&key, raw.value())?;
+            Ok((!record.is_expired(now)).then_some(record))
+        })
+        .await
+    }
+
+    async fn delete(&self, key: &RecordKey) -> Result<bool, StoreError> {
+        let key = key.clone();
+        self.submit(move |batch| batch.delete(&key)).await
+    }
+
+    async fn scan(&self, query: &ScanQuery) -> Result<ScanPage, StoreError> {
+        let query = query.clone();
+        self.read(move |txn, now| {
+            let records = txn.open_table(RECORDS).map_err(storage)?;
+            let after = match &query.cursor {
+                Some(cursor) => Some(decode_cursor(cursor).ok_or_else(|| StoreError::Backend {
+                    source: format!("invalid scan cursor {cursor:?}").into(),
+                    retryable: false,
+                })?),
+                None => None,
+            };
+            let range = match &after {
+                Some(after) => records.range::<&[u8]>(after.as_slice()..),
+                None => records.range::<&[u8]>(..),
+            }
+            .map_err(storage)?;
+            let limit = query.page_size();
+            let mut page = Vec::new();
+            let mut next_cursor = None;
+            for entry in range {
+                let (raw_key, raw) = entry.map_err(storage)?;
+                let raw_key = raw_key.value();
+                if after.as_deref() == Some(raw_key) {
+                    continue;
+                }
+                let key = codec::decode_key(raw_key)?;
+                let record = codec::decode_record(&key, raw.value())?;
+                if record.is_expired(now) || !query.matches(&record, now) {
+                    continue;
+                }
+                if page.len() == limit {
+                    next_cursor = page
+                        .last()
+                        .map(|(k, _): &(Vec<u8>, Record)| encode_cursor(k));
+                    break;
+                }
+                page.push((raw_key.to_vec(), record));
+            }
+            Ok(ScanPage {
+                records: page.into_iter().map(|(_, record)| record).collect(),
+                next_cursor,
+            })
+        })
+        .await
+    }
+}
+
+/// A scan cursor: the table key of the last record of a page, in hex.
+fn encode_cursor(raw_key: &[u8]) -> String {
+    raw_key.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn decode_cursor(cursor: &str) -> Option<Vec<u8>> {
+    if !cursor.len().is_multiple_of(2) || !cursor.is_ascii() {
+        return None;
+    }
+    (0..cursor.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(cursor.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip() {
+        let raw = vec![0u8, 1, 0xab, 0xff];
+        assert_eq!(decode_cursor(&encode_cursor(&raw)), Some(raw));
+        assert_eq!(decode_cursor("abc"), None);
+        assert_eq!(decode_cursor("zz"), None);
+        assert_eq!(decode_cursor("é0"), None);
+    }
+}
