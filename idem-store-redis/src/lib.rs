@@ -1,10 +1,86 @@
-//! Redis and Redis Cluster store for idem.
+//! The Redis store of idem, for a single Redis node and for Redis Cluster: every transition of
+//! the record state machine is one Lua script, run atomically by the server in one round trip.
 //!
-//! Not yet built: this crate is a placeholder in the workspace layout of the design
-//! (DESIGN.md section 2). It re-exports the contract it will implement.
+//! ```no_run
+//! use std::time::Duration;
+//! use idem_core::{Bytes, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyKey, RecordKey, Store};
+//! use idem_store_redis::{RedisConfig, RedisStore};
 //!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = RedisConfig::new("redis://127.0.0.1:6379")?.with_namespace("shop")?;
+//! let store = RedisStore::connect(config).await?;
+//!
+//! let key = RecordKey::unscoped(IdempotencyKey::new("order:7:ship")?);
+//! let request = ClaimRequest::new(key, Fingerprint::of(&[b"order 7"]), Duration::from_secs(30));
+//!
+//! // The first attempt gets the key and records its result...
+//! if let ClaimOutcome::Acquired { lease, .. } = store.claim(&request).await? {
+//!     store.complete(&lease, Bytes::from("shipped"), Duration::from_secs(86_400)).await?;
+//! }
+//! // ...and every retry, from any process, gets that result instead of shipping twice.
+//! match store.claim(&request).await? {
+//!     ClaimOutcome::Completed(record) => assert_eq!(record.result.as_deref(), Some(&b"shipped"[..])),
+//!     other => panic!("expected the stored result, got {other:?}"),
+//! }
+//! # Ok(())
+//! # }
 //! ```
-//! use idem_store_redis as _;
-//! ```
+//!
+//! # Layout
+//! One HASH per record at `idem:{<namespace>:<scope>:<digest>}`: the scope percent-escaped,
+//! the key as 128 bits of its SHA-256 (raw client input is never part of a Redis key). The
+//! braces are a Cluster hash tag around the whole identity: a record lives on one node, and
+//! every script touches one slot (no `CROSSSLOT`). The fields are one or two letters (`s`
+//! state, `p` fingerprint, `o` owner, `n` fence, `l` lease end, `a` attempt, `c`/`d`/`x`
+//! created, completed and expiry times in microseconds, `k`/`g` the key and scope as given,
+//! `e` a failure message, `z` the result's codec); the result is cut into pieces of at most
+//! 63 bytes (fields `0`, `1`, ...) while it is at most 2 KiB, so a small record keeps Redis's
+//! compact listpack encoding. Results over the compression threshold (1 KiB by default) are
+//! lz4-compressed when that makes them smaller, and flagged in `z`.
+//!
+//! # Scripts and time
+//! Claim, heartbeat, complete, fail and release are one `EVALSHA` each (the scripts are loaded
+//! at connect and reloaded on `NOSCRIPT`); `get` and `delete` are scripts too, so they judge
+//! expiry on the server's clock. Every script reads the time with `TIME` on the server, never
+//! from the client, and implements exactly the transitions of [`idem_core::machine`]: a
+//! fingerprint mismatch first, a lapsed lease taken over with a higher fence, the owner and
+//! fence checked on every holder's step, a re-sent complete answered `Ok`, a retryable failure
+//! freeing the key, a permanent one kept. Every script is safe to re-send (the Cluster client
+//! retries after a dropped connection): the same owner and fence get the same answer, and a
+//! re-sent claim whose first copy was applied gets the same grant back.
+//!
+//! Fences are `max(previous + 1, server time in microseconds)`. A key whose record is released,
+//! failed with a retryable failure, deleted or expired keeps a tombstone with its last fence for
+//! the *fence memory* (60 s by default), so a new grant's fence is higher even when the server
+//! clock has not moved between the two scripts or stepped back.
+//!
+//! Retention is the key's TTL: a record's key expires one fence memory after the record does.
+//!
+//! # Errors and reconnects
+//! Every operation is bounded by the command timeout ([`StoreError::Timeout`]); a refused or
+//! lost connection is [`StoreError::Unavailable`]. The store reconnects by itself: the same
+//! value works again once the server is back. A record that cannot be decoded, or breaks the
+//! record invariants, is [`StoreError::Corrupt`] (never a panic); [`Store::delete`] removes it.
+//!
+//! # Features
+//! - `tls`: `rediss://` URLs (rustls with the ring provider and the system's roots).
 
-pub use idem_core::Store;
+mod codec;
+mod config;
+mod conn;
+mod layout;
+mod scan;
+mod scripts;
+mod store;
+
+pub use config::{ClockOffset, ConfigError, RedisConfig};
+pub use store::RedisStore;
+
+#[doc(no_inline)]
+pub use idem_core::{Store, StoreError};
+
+/// The README's code blocks, compiled as doctests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

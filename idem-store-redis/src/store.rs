@@ -1,0 +1,362 @@
+//! [`RedisStore`]: the [`Store`] contract on Redis, one script per transition.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::machine::LeasePolicy;
+use idem_core::{
+    Bytes, ClaimOutcome, ClaimRequest, Failure, Fence, Lease, OwnerToken, Record, RecordKey,
+    ScanPage, ScanQuery, State, Store, StoreError, Timestamp, duration_micros,
+};
+use redis::{RedisError, Script};
+
+use crate::codec::{decode_record, encode_result};
+use crate::config::RedisConfig;
+use crate::conn::{Conn, describe, store_error};
+use crate::layout;
+use crate::scripts::{Reply, SCRIPTS, Scripts};
+
+/// The longest duration a script is given, in microseconds (about 31 years): every sum of
+/// times stays below 2^53, where Lua's numbers are still exact.
+const MAX_DURATION_MICROS: u64 = 1_000_000_000_000_000;
+
+/// The Redis store. Cheap to clone: clones share the connection.
+///
+/// See the [crate docs](crate) for the layout, the scripts and the guarantees.
+#[derive(Clone)]
+pub struct RedisStore {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) conn: Conn,
+    pub(crate) config: RedisConfig,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("server", &describe(&self.inner.config))
+            .field("namespace", &self.inner.config.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Connects to the server (or the Cluster) of `config`, and loads the scripts.
+    ///
+    /// The store reconnects by itself after a lost connection: a store value keeps working
+    /// once the server is back, without being rebuilt.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] or [`StoreError::Timeout`] if the server cannot be reached
+    /// within the connect timeout; [`StoreError::Backend`] if it refuses the connection (bad
+    /// credentials, no such database).
+    pub async fn connect(config: RedisConfig) -> Result<Self, StoreError> {
+        let conn = Conn::connect(&config).await?;
+        let store = RedisStore {
+            inner: Arc::new(Inner { conn, config }),
+        };
+        store.load_scripts().await?;
+        Ok(store)
+    }
+
+    /// The configuration the store was built from.
+    pub fn config(&self) -> &RedisConfig {
+        &self.inner.config
+    }
+
+    /// The Redis key of the record at `key` (`idem:{<namespace>:<scope>:<digest>}`), for
+    /// operators and tests.
+    #[must_use]
+    pub fn redis_key(&self, key: &RecordKey) -> String {
+        layout::redis_key(&self.inner.config.namespace, key)
+    }
+
+    /// Loads every script on the server (on every node of a Cluster), so the first operations
+    /// need no reload. Scripts lost later (a restarted server) are reloaded on `NOSCRIPT`.
+    async fn load_scripts(&self) -> Result<(), StoreError> {
+        let mut conn = self.inner.conn.clone();
+        self.bounded("load scripts", async move {
+            for source in Scripts::SOURCES {
+                redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(source)
+                    .query_async::<redis::Value>(&mut conn)
+                    .await?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Runs `fut` within the command timeout.
+    pub(crate) async fn bounded<T>(
+        &self,
+        op: &'static str,
+        fut: impl Future<Output = Result<T, RedisError>>,
+    ) -> Result<T, StoreError> {
+        let after = self.inner.config.command_timeout;
+        match tokio::time::timeout(after, fut).await {
+            Ok(result) => result.map_err(|err| store_error(op, after, err)),
+            Err(_) => Err(StoreError::Timeout { op, after }),
+        }
+    }
+
+    /// Runs `script` on the record at `key` with `args` after the clock offset (`ARGV[1]`).
+    async fn eval(
+        &self,
+        op: &'static str,
+        script: &Script,
+        key: &RecordKey,
+        args: &[&[u8]],
+    ) -> Result<Reply, StoreError> {
+        let mut invocation = script.prepare_invoke();
+        invocation.key(self.redis_key(key)).arg(self.offset_arg());
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        let mut conn = self.inner.conn.clone();
+        let parts = self
+            .bounded(op, invocation.invoke_async::<Vec<Vec<u8>>>(&mut conn))
+            .await?;
+        Ok(Reply { op, parts })
+    }
+
+    pub(crate) fn offset_arg(&self) -> String {
+        self.inner.config.clock_offset.micros().to_string()
+    }
+
+    fn memory_arg(&self) -> String {
+        let millis = self.inner.config.fence_memory.as_millis();
+        millis
+            .min(u128::from(MAX_DURATION_MICROS / 1000))
+            .to_string()
+    }
+
+    fn strict_arg(&self) -> &'static [u8] {
+        match self.inner.config.lease_policy {
+            LeasePolicy::Strict => b"1",
+            LeasePolicy::Lenient => b"0",
+        }
+    }
+
+    pub(crate) fn max_result(&self) -> usize {
+        self.inner.config.max_result_size.get()
+    }
+
+    fn claimed(
+        &self,
+        request: &ClaimRequest,
+        owner: OwnerToken,
+        reply: &Reply,
+    ) -> Result<ClaimOutcome, StoreError> {
+        match reply.tag() {
+            b"acquired" => {
+                let attempt = u32::try_from(reply.number(3)?).map_err(|_| reply.unexpected())?;
+                Ok(ClaimOutcome::Acquired {
+                    lease: Lease {
+                        key: request.key.clone(),
+                        owner,
+                        fence: Fence::new(reply.number(1)?),
+                        until: Timestamp::from_micros(reply.number(2)?),
+                        attempt,
+                    },
+                    taken_over: reply.text(4)? == "1",
+                })
+            }
+            b"in_flight" => Ok(ClaimOutcome::InFlight {
+                retry_after: Duration::from_micros(reply.number(1)?),
+            }),
+            b"completed" | b"failed" => {
+                let fields = reply.parts.get(2..).ok_or_else(|| reply.unexpected())?;
+                let record = decode_record(Some(&request.key), fields, self.max_result())?;
+                match record.state {
+                    State::Completed => Ok(ClaimOutcome::Completed(record)),
+                    State::Failed => Ok(ClaimOutcome::Failed(record)),
+                    State::InFlight => Err(reply.unexpected()),
+                }
+            }
+            b"mismatch" => Ok(ClaimOutcome::Mismatch),
+            b"corrupt" => Err(StoreError::corrupt(&request.key, reply.text(1)?)),
+            _ => Err(reply.unexpected()),
+        }
+    }
+}
+
+/// A duration for a script, in whole microseconds, clamped to about 31 years.
+fn micros_arg(d: Duration) -> String {
+    duration_micros(d).min(MAX_DURATION_MICROS).to_string()
+}
+
+fn owner_arg(owner: OwnerToken) -> [u8; 16] {
+    owner.as_u128().to_be_bytes()
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        let owner = OwnerToken::random();
+        let reply = self
+            .eval(
+                "claim",
+                &SCRIPTS.claim,
+                &request.key,
+                &[
+                    request.fingerprint.as_bytes(),
+                    &owner_arg(owner),
+                    micros_arg(request.lease).as_bytes(),
+                    self.memory_arg().as_bytes(),
+                    request.key.key.as_str().as_bytes(),
+                    request.key.scope.as_str().as_bytes(),
+                ],
+            )
+            .await?;
+        self.claimed(request, owner, &reply)
+    }
+
+    async fn heartbeat(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
+        let reply = self
+            .eval(
+                "heartbeat",
+                &SCRIPTS.heartbeat,
+                &lease.key,
+                &[
+                    &owner_arg(lease.owner),
+                    lease.fence.get().to_string().as_bytes(),
+                    micros_arg(extend).as_bytes(),
+                    self.strict_arg(),
+                    self.memory_arg().as_bytes(),
+                ],
+            )
+            .await?;
+        let until = Reply {
+            op: "heartbeat",
+            parts: reply.settle(&lease.key)?,
+        };
+        Ok(Lease {
+            until: Timestamp::from_micros(until.number(0)?),
+            ..lease.clone()
+        })
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        result: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        if result.len() > self.max_result() {
+            return Err(StoreError::TooLarge {
+                size: result.len(),
+                limit: self.max_result(),
+            });
+        }
+        let stored = encode_result(&result, self.inner.config.compression_threshold);
+        let fence = lease.fence.get().to_string();
+        let retention = micros_arg(retention);
+        let memory = self.memory_arg();
+        let owner = owner_arg(lease.owner);
+        let mut args: Vec<&[u8]> = vec![
+            &owner,
+            fence.as_bytes(),
+            retention.as_bytes(),
+            self.strict_arg(),
+            memory.as_bytes(),
+            stored.codec.as_bytes(),
+        ];
+        args.extend(layout::pieces(&stored.bytes));
+        self.eval("complete", &SCRIPTS.complete, &lease.key, &args)
+            .await?
+            .settle(&lease.key)
+            .map(drop)
+    }
+
+    async fn fail(
+        &self,
+        lease: &Lease,
+        failure: Failure,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let retryable: &[u8] = if failure.retryable { b"1" } else { b"0" };
+        self.eval(
+            "fail",
+            &SCRIPTS.fail,
+            &lease.key,
+            &[
+                &owner_arg(lease.owner),
+                lease.fence.get().to_string().as_bytes(),
+                micros_arg(retention).as_bytes(),
+                self.strict_arg(),
+                self.memory_arg().as_bytes(),
+                retryable,
+                failure.message.as_bytes(),
+            ],
+        )
+        .await?
+        .settle(&lease.key)
+        .map(drop)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.eval(
+            "release",
+            &SCRIPTS.release,
+            &lease.key,
+            &[
+                &owner_arg(lease.owner),
+                lease.fence.get().to_string().as_bytes(),
+                self.memory_arg().as_bytes(),
+            ],
+        )
+        .await?
+        .settle(&lease.key)
+        .map(drop)
+    }
+
+    async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
+        let reply = self.eval("get", &SCRIPTS.get, key, &[]).await?;
+        match reply.tag() {
+            b"record" => {
+                let fields = reply.parts.get(2..).ok_or_else(|| reply.unexpected())?;
+                decode_record(Some(key), fields, self.max_result()).map(Some)
+            }
+            b"none" => Ok(None),
+            b"corrupt" => Err(StoreError::corrupt(key, reply.text(1)?)),
+            _ => Err(reply.unexpected()),
+        }
+    }
+
+    async fn delete(&self, key: &RecordKey) -> Result<bool, StoreError> {
+        let reply = self
+            .eval(
+                "delete",
+                &SCRIPTS.delete,
+                key,
+                &[self.memory_arg().as_bytes()],
+            )
+            .await?;
+        match (reply.tag(), reply.number(1)?) {
+            (b"deleted", 0) => Ok(false),
+            (b"deleted", 1) => Ok(true),
+            _ => Err(reply.unexpected()),
+        }
+    }
+
+    async fn scan(&self, query: &ScanQuery) -> Result<ScanPage, StoreError> {
+        crate::scan::scan(self, query).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let mut conn = self.inner.conn.clone();
+        self.bounded(
+            "ping",
+            redis::cmd("PING").query_async::<redis::Value>(&mut conn),
+        )
+        .await
+        .map(drop)
+    }
+}

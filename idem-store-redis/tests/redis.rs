@@ -1,0 +1,562 @@
+//! What only a Redis store has to prove: one command per transition (from the server's own
+//! counters), behaviour while the server is down and after it is back, memory per record,
+//! compression, the key layout, fences under a clock that steps back, and the big hammer.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::num::NonZeroUsize;
+use std::time::{Duration, Instant};
+
+use common::{ServerProcess, command_calls, have_redis_binaries, namespace, single_harness};
+use idem_core::machine::LeasePolicy;
+use idem_core::{
+    Bytes, ClaimOutcome, ClaimRequest, Failure, Fingerprint, IdempotencyKey, Lease, RecordKey,
+    Rejection, ScanQuery, Scope, State, Store, StoreError,
+};
+use idem_store_redis::{ClockOffset, RedisConfig, RedisStore};
+use idem_testkit::Harness;
+
+/// An operation's error, to be awaited.
+type PendingError<'a> = std::pin::Pin<Box<dyn Future<Output = Option<StoreError>> + Send + 'a>>;
+
+const LEASE: Duration = Duration::from_secs(30);
+const RETENTION: Duration = Duration::from_secs(3600);
+
+fn key(name: &str) -> RecordKey {
+    RecordKey::unscoped(IdempotencyKey::new(name).unwrap())
+}
+
+fn request(key: &RecordKey) -> ClaimRequest {
+    ClaimRequest::new(key.clone(), Fingerprint::of(&[b"payload"]), LEASE)
+}
+
+async fn acquire(store: &RedisStore, key: &RecordKey) -> Lease {
+    match store.claim(&request(key)).await.unwrap() {
+        ClaimOutcome::Acquired { lease, .. } => lease,
+        other => panic!("expected Acquired, got {other:?}"),
+    }
+}
+
+async fn connect(url: &str, tune: impl FnOnce(RedisConfig) -> RedisConfig) -> RedisStore {
+    let config = RedisConfig::new(url)
+        .unwrap()
+        .with_namespace(namespace())
+        .unwrap();
+    RedisStore::connect(tune(config)).await.unwrap()
+}
+
+fn commandstats(conn: &mut redis::Connection) -> BTreeMap<String, u64> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
+    command_calls(&info)
+}
+
+/// Runs `op` and answers the commands the server counted meanwhile (the test's own `INFO`
+/// left out).
+async fn counted<T>(
+    conn: &mut redis::Connection,
+    op: impl Future<Output = T>,
+) -> (T, BTreeMap<String, u64>) {
+    let before = commandstats(conn);
+    let out = op.await;
+    let after = commandstats(conn);
+    let delta = after
+        .into_iter()
+        .filter(|(name, _)| name != "info")
+        .filter_map(|(name, calls)| {
+            let diff = calls - before.get(&name).copied().unwrap_or(0);
+            (diff > 0).then_some((name, diff))
+        })
+        .collect();
+    (out, delta)
+}
+
+/// Each transition is one `EVALSHA` from the client, by the server's own counters
+/// (`INFO commandstats`); every other command counted is one the script ran inside the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_transition_is_one_command() {
+    if !have_redis_binaries() {
+        return;
+    }
+    let server = ServerProcess::start(&[]);
+    let store = connect(&server.url(), |c| c).await;
+    let mut info = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    // Commands a script runs inside the server (counted by Redis too, but no round trip).
+    let inside = ["time", "hgetall", "hset", "del", "pexpire"];
+    let mut report = Vec::new();
+    let mut check = |op: &str, delta: BTreeMap<String, u64>| {
+        assert_eq!(delta.get("evalsha"), Some(&1), "{op}: {delta:?}");
+        for (name, calls) in &delta {
+            assert!(
+                name == "evalsha" || inside.contains(&name.as_str()),
+                "{op}: the client sent {name} ({calls}x) besides its EVALSHA: {delta:?}"
+            );
+        }
+        report.push(format!("{op}: {delta:?}"));
+    };
+
+    let k = key("budget");
+    let (lease, delta) = counted(&mut info, acquire(&store, &k)).await;
+    check("claim", delta);
+    let (lease, delta) = counted(&mut info, store.heartbeat(&lease, LEASE)).await;
+    check("heartbeat", delta);
+    let lease = lease.unwrap();
+    let (done, delta) = counted(
+        &mut info,
+        store.complete(&lease, Bytes::from(vec![b'r'; 200]), RETENTION),
+    )
+    .await;
+    done.unwrap();
+    check("complete", delta);
+    let (replay, delta) = counted(&mut info, store.claim(&request(&k))).await;
+    assert!(matches!(replay.unwrap(), ClaimOutcome::Completed(_)));
+    check("replayed claim", delta);
+
+    let lease = acquire(&store, &key("budget-fail")).await;
+    let (failed, delta) = counted(
+        &mut info,
+        store.fail(&lease, Failure::permanent("no"), RETENTION),
+    )
+    .await;
+    failed.unwrap();
+    check("fail (permanent)", delta);
+    let lease = acquire(&store, &key("budget-retry")).await;
+    let (failed, delta) = counted(
+        &mut info,
+        store.fail(&lease, Failure::retryable("later"), RETENTION),
+    )
+    .await;
+    failed.unwrap();
+    check("fail (retryable)", delta);
+    let lease = acquire(&store, &key("budget-release")).await;
+    let (released, delta) = counted(&mut info, store.release(&lease)).await;
+    released.unwrap();
+    check("release", delta);
+    let (got, delta) = counted(&mut info, store.get(&k)).await;
+    assert!(got.unwrap().is_some());
+    check("get", delta);
+    let (deleted, delta) = counted(&mut info, store.delete(&k)).await;
+    assert!(deleted.unwrap());
+    check("delete", delta);
+    eprintln!("commands per operation:\n  {}", report.join("\n  "));
+}
+
+/// With the server killed mid-test, every operation answers `Unavailable` or `Timeout` within
+/// the command timeout; after it is back on the same port, the same store value works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_server_is_unavailable_then_the_same_store_recovers() {
+    if !have_redis_binaries() {
+        return;
+    }
+    let server = ServerProcess::start(&[]);
+    let timeout = Duration::from_millis(500);
+    let store = connect(&server.url(), |c| {
+        c.with_command_timeout(timeout)
+            .unwrap()
+            .with_connect_timeout(Duration::from_millis(300))
+            .unwrap()
+    })
+    .await;
+    let held = acquire(&store, &key("before")).await;
+
+    server.kill();
+    let slack = Duration::from_millis(300);
+    for round in 0..3 {
+        let k = key("during");
+        let ops: Vec<(&str, PendingError<'_>)> = vec![
+            (
+                "claim",
+                Box::pin(async { store.claim(&request(&k)).await.err() }),
+            ),
+            (
+                "heartbeat",
+                Box::pin(async { store.heartbeat(&held, LEASE).await.err() }),
+            ),
+            (
+                "complete",
+                Box::pin(async { store.complete(&held, Bytes::new(), RETENTION).await.err() }),
+            ),
+            (
+                "fail",
+                Box::pin(async {
+                    store
+                        .fail(&held, Failure::permanent("x"), RETENTION)
+                        .await
+                        .err()
+                }),
+            ),
+            (
+                "release",
+                Box::pin(async { store.release(&held).await.err() }),
+            ),
+            ("get", Box::pin(async { store.get(&k).await.err() })),
+            ("delete", Box::pin(async { store.delete(&k).await.err() })),
+            (
+                "scan",
+                Box::pin(async { store.scan(&ScanQuery::all()).await.err() }),
+            ),
+            ("ping", Box::pin(async { store.ping().await.err() })),
+        ];
+        for (op, fut) in ops {
+            let started = Instant::now();
+            let err = fut.await;
+            let took = started.elapsed();
+            assert!(
+                matches!(
+                    err,
+                    Some(StoreError::Unavailable { .. } | StoreError::Timeout { .. })
+                ),
+                "round {round}, {op} while the server is down: {err:?}"
+            );
+            assert!(err.as_ref().is_some_and(StoreError::is_retryable));
+            assert!(
+                took <= timeout + slack,
+                "round {round}, {op} took {took:?}, over the timeout of {timeout:?}"
+            );
+        }
+    }
+
+    server.restart();
+    // The same store value: the first operations may still see the old connection fail.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let lease = loop {
+        match store.claim(&request(&key("after"))).await {
+            Ok(ClaimOutcome::Acquired { lease, .. }) => break lease,
+            Ok(other) => panic!("a fresh server answered {other:?}"),
+            Err(err) => {
+                assert!(err.is_retryable(), "{err:?}");
+                assert!(Instant::now() < deadline, "never recovered: {err:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    store
+        .complete(&lease, Bytes::from_static(b"back"), RETENTION)
+        .await
+        .unwrap();
+    match store.claim(&request(&key("after"))).await.unwrap() {
+        ClaimOutcome::Completed(record) => assert_eq!(record.result.as_deref(), Some(&b"back"[..])),
+        other => panic!("expected the stored result, got {other:?}"),
+    }
+}
+
+/// `MEMORY USAGE` of a completed record with a 200-byte result.
+#[tokio::test]
+async fn a_completed_record_with_a_200_byte_result_is_small() {
+    let Some(h) = single_harness().await else {
+        return;
+    };
+    let k = key("memory");
+    let lease = acquire(&h.store, &k).await;
+    // 200 bytes that do not compress.
+    let result: Vec<u8> = (0..200u32).map(|i| (i * 97 + 13) as u8).collect();
+    h.store
+        .complete(&lease, Bytes::from(result), RETENTION)
+        .await
+        .unwrap();
+    let usage = h
+        .raw(redis::cmd("MEMORY").arg("USAGE").arg(h.store.redis_key(&k)))
+        .await;
+    let redis::Value::Int(bytes) = usage else {
+        panic!("MEMORY USAGE answered {usage:?}")
+    };
+    let encoding = h
+        .raw(
+            redis::cmd("OBJECT")
+                .arg("ENCODING")
+                .arg(h.store.redis_key(&k)),
+        )
+        .await;
+    eprintln!(
+        "MEMORY USAGE of a completed record with a 200-byte result: {bytes} bytes \
+         (key {} bytes, encoding {encoding:?})",
+        h.store.redis_key(&k).len()
+    );
+    assert_eq!(encoding, redis::Value::BulkString(b"listpack".to_vec()));
+    assert!(bytes < 512, "{bytes} bytes");
+}
+
+/// The big hammer on the single server: 32 tasks x 2,000 keys, exactly 2,000 executions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hammer_32_tasks_2000_keys() {
+    let Some(h) = single_harness().await else {
+        return;
+    };
+    common::big_hammer(&h, "a single server").await;
+}
+
+/// A key holding something that is not a record hash (another type, missing fields, a
+/// garbled number) is `Corrupt` for every operation, and `delete` clears it.
+#[tokio::test]
+async fn foreign_values_are_corrupt_and_deletable() {
+    let Some(h) = single_harness().await else {
+        return;
+    };
+    let k = key("foreign");
+    let redis_key = h.store.redis_key(&k);
+    for case in ["another type", "missing fields", "garbled fence"] {
+        let lease = acquire(&h.store, &k).await;
+        match case {
+            "another type" => {
+                h.raw(redis::cmd("DEL").arg(&redis_key)).await;
+                h.raw(redis::cmd("SET").arg(&redis_key).arg("not a hash"))
+                    .await;
+            }
+            "missing fields" => {
+                h.raw(redis::cmd("DEL").arg(&redis_key)).await;
+                h.raw(redis::cmd("HSET").arg(&redis_key).arg("s").arg("c"))
+                    .await;
+            }
+            _ => {
+                h.raw(redis::cmd("HSET").arg(&redis_key).arg("n").arg("1e99"))
+                    .await;
+            }
+        }
+        let is_corrupt = |r: Option<StoreError>| matches!(r, Some(StoreError::Corrupt { .. }));
+        assert!(
+            is_corrupt(h.store.claim(&request(&k)).await.err()),
+            "{case}"
+        );
+        assert!(is_corrupt(h.store.get(&k).await.err()), "{case}");
+        assert!(
+            is_corrupt(h.store.heartbeat(&lease, LEASE).await.err()),
+            "{case}"
+        );
+        assert!(is_corrupt(h.store.release(&lease).await.err()), "{case}");
+        assert!(
+            is_corrupt(h.store.scan(&ScanQuery::all()).await.err()),
+            "{case}"
+        );
+        assert!(h.store.delete(&k).await.unwrap(), "{case}");
+        let lease = acquire(&h.store, &k).await;
+        h.store.release(&lease).await.unwrap();
+    }
+}
+
+/// The Redis key holds no raw client input; the record keeps the key and scope as fields, so
+/// a scan can name them.
+#[tokio::test]
+async fn keys_are_digests_inside_one_hash_tag() {
+    let Some(h) = single_harness().await else {
+        return;
+    };
+    let k = RecordKey::new(
+        Scope::new("tenant {7}: *").unwrap(),
+        IdempotencyKey::new("payment}{42:*capture*").unwrap(),
+    );
+    acquire(&h.store, &k).await;
+    let redis_key = h.store.redis_key(&k);
+    assert!(!redis_key.contains("payment"), "{redis_key}");
+    assert_eq!(redis_key.matches('{').count(), 1);
+    assert_eq!(redis_key.matches('}').count(), 1);
+    assert!(redis_key.ends_with('}'));
+    let exists = h.raw(redis::cmd("EXISTS").arg(&redis_key)).await;
+    assert_eq!(exists, redis::Value::Int(1));
+    let page = h.store.scan(&ScanQuery::all()).await.unwrap();
+    assert_eq!(page.records.len(), 1);
+    assert_eq!(page.records[0].key, k);
+    // A TTL is always set: retention is the key's expiry.
+    let ttl = h.raw(redis::cmd("PTTL").arg(&redis_key)).await;
+    assert!(matches!(ttl, redis::Value::Int(ms) if ms > 0), "{ttl:?}");
+}
+
+/// Results over the threshold are stored lz4-compressed (flagged in the hash) and read back
+/// byte for byte; results that do not shrink are stored as they are.
+#[tokio::test]
+async fn large_results_are_compressed() {
+    let Some(h) = single_harness().await else {
+        return;
+    };
+    let k = key("big");
+    let lease = acquire(&h.store, &k).await;
+    let result = Bytes::from(br#"{"id":"ch_1","status":"succeeded","amount":1000}"#.repeat(400));
+    h.store
+        .complete(&lease, result.clone(), RETENTION)
+        .await
+        .unwrap();
+    let redis_key = h.store.redis_key(&k);
+    let codec = h.raw(redis::cmd("HGET").arg(&redis_key).arg("z")).await;
+    assert_eq!(codec, redis::Value::BulkString(b"1".to_vec()));
+    let stored = h.raw(redis::cmd("HSTRLEN").arg(&redis_key).arg("0")).await;
+    let redis::Value::Int(stored) = stored else {
+        panic!("{stored:?}")
+    };
+    assert!(
+        (stored as usize) < result.len() / 10,
+        "{stored} bytes stored"
+    );
+    assert_eq!(h.store.get(&k).await.unwrap().unwrap().result, Some(result));
+
+    let k = key("small");
+    let lease = acquire(&h.store, &k).await;
+    h.store
+        .complete(&lease, Bytes::from_static(b"short"), RETENTION)
+        .await
+        .unwrap();
+    let codec = h
+        .raw(redis::cmd("HEXISTS").arg(h.store.redis_key(&k)).arg("z"))
+        .await;
+    assert_eq!(codec, redis::Value::Int(0));
+}
+
+/// A result over the configured limit is refused with `TooLarge`, and the claim stays held.
+#[tokio::test]
+async fn results_over_the_limit_are_too_large() {
+    let Some(h) = single_harness().await else {
+        return;
+    };
+    let store = connect(&common::single_url(), |c| {
+        c.with_max_result_size(NonZeroUsize::new(1000).unwrap())
+    })
+    .await;
+    let k = key("too-large");
+    let lease = acquire(&store, &k).await;
+    let err = store
+        .complete(&lease, Bytes::from(vec![0u8; 1001]), RETENTION)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::TooLarge {
+                size: 1001,
+                limit: 1000
+            }
+        ),
+        "{err:?}"
+    );
+    store.release(&lease).await.unwrap();
+    drop(h);
+}
+
+/// Fences keep rising when the server's clock steps back after a release, a retryable failure,
+/// a delete or an expiry: the key remembers its last fence.
+#[tokio::test]
+async fn fences_rise_when_the_clock_steps_back() {
+    let Some(h) = single_harness().await else {
+        return;
+    };
+    let k = key("skew");
+    let mut last = acquire(&h.store, &k).await;
+    for round in 0..4 {
+        match round {
+            0 => h.store.release(&last).await.unwrap(),
+            1 => h
+                .store
+                .fail(&last, Failure::retryable("t"), RETENTION)
+                .await
+                .unwrap(),
+            2 => {
+                h.store
+                    .complete(&last, Bytes::new(), RETENTION)
+                    .await
+                    .unwrap();
+                assert!(h.store.delete(&k).await.unwrap());
+            }
+            _ => {
+                h.store
+                    .complete(&last, Bytes::new(), Duration::from_secs(1))
+                    .await
+                    .unwrap();
+                // Long enough that the step back below leaves it expired.
+                h.advance(Duration::from_secs(20)).await;
+                assert!(h.store.get(&k).await.unwrap().is_none());
+            }
+        }
+        // The clock steps back 10 seconds.
+        h.offset.set_micros(h.offset.micros() - 10_000_000);
+        let next = acquire(&h.store, &k).await;
+        assert!(
+            next.fence > last.fence,
+            "round {round}: fence {} after {}",
+            next.fence,
+            last.fence
+        );
+        last = next;
+    }
+}
+
+/// In strict mode a holder whose lease lapsed is refused even if nobody took the key over.
+#[tokio::test]
+async fn strict_mode_refuses_a_lapsed_holder() {
+    let Some(h) = single_harness().await else {
+        return;
+    };
+    let offset = ClockOffset::new();
+    let store = connect(&common::single_url(), |c| {
+        c.with_lease_policy(LeasePolicy::Strict)
+            .with_clock_offset(offset.clone())
+    })
+    .await;
+    let lease = acquire(&store, &key("strict")).await;
+    offset.advance(LEASE + Duration::from_secs(1));
+    let err = store
+        .complete(&lease, Bytes::new(), RETENTION)
+        .await
+        .unwrap_err();
+    assert_eq!(err.rejection(), Some(Rejection::LeaseExpired));
+    let err = store.heartbeat(&lease, LEASE).await.unwrap_err();
+    assert_eq!(err.rejection(), Some(Rejection::LeaseExpired));
+    // A lenient store on the same records lets the holder finish.
+    store.release(&lease).await.unwrap();
+    drop(h);
+}
+
+/// The database setting is honoured: the record lands in that database.
+#[tokio::test]
+async fn the_database_setting_is_used() {
+    let Some(h) = single_harness().await else {
+        return;
+    };
+    let store = connect(&common::single_url(), |c| c.with_database(7).unwrap()).await;
+    let k = key("db7");
+    let lease = acquire(&store, &k).await;
+    let mut conn = redis::Client::open(format!("{}/7", common::single_url()))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(store.redis_key(&k))
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(exists, 1);
+    store.release(&lease).await.unwrap();
+    let _: i64 = redis::cmd("DEL")
+        .arg(store.redis_key(&k))
+        .query(&mut conn)
+        .unwrap();
+    drop(h);
+}
+
+/// A settled record answers every state-changing step of its old holder as the machine says.
+#[tokio::test]
+async fn a_failed_record_is_replayed_with_its_failure() {
+    let Some(h) = single_harness().await else {
+        return;
+    };
+    let k = key("failed");
+    let lease = acquire(&h.store, &k).await;
+    h.store
+        .fail(
+            &lease,
+            Failure::permanent("card declined: {\"code\":51}"),
+            RETENTION,
+        )
+        .await
+        .unwrap();
+    match h.store.claim(&request(&k)).await.unwrap() {
+        ClaimOutcome::Failed(record) => {
+            assert_eq!(record.state, State::Failed);
+            assert_eq!(
+                record.failure,
+                Some(Failure::permanent("card declined: {\"code\":51}"))
+            );
+        }
+        other => panic!("expected Failed, got {other:?}"),
+    }
+}
