@@ -96,3 +96,8 @@ pub use service::{Idempotency, REPLAY_HEADER, REPLAYED_HEADER, STATUS_HEADER};
 
 #[doc(no_inline)]
 pub use idem_core::{IdempotencyKey, Scope, Store};
+
+/// The README's code blocks, compiled and run as doctests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

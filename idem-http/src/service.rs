@@ -218,9 +218,45 @@ where
     };
     let fingerprint = request_fingerprint(&parts.method, &parts.uri, &bytes);
     let claim = ClaimRequest::new(key, fingerprint, config.lease);
+    // From the claim on, the work runs in a task of its own: a caller that goes away (a client
+    // that disconnects) never leaves a claim without a holder, and never stops the handler.
+    let (reply, answer) = oneshot::channel();
+    tokio::spawn(process(inner, shared.clone(), parts, bytes, claim, reply));
+    match answer.await {
+        Ok(Ok(mut response)) => {
+            if response.extensions().get::<Outcome>().is_none() {
+                response.extensions_mut().insert(Outcome::Executed);
+            }
+            Ok(response)
+        }
+        Ok(Err(error)) => Err(error),
+        // The task ended without answering: the handler panicked (its claim was released).
+        Err(_) => Ok(reject(&shared, Rejection::HandlerFailed)),
+    }
+}
+
+/// The answer sent from the task that processes a request to its caller.
+type Reply<B, E> = Result<Response<ResponseBody<B>>, E>;
+
+/// Claims the key and answers from what the store says; runs the handler under the claim if
+/// it is granted.
+async fn process<S, ReqBody, ResBody>(
+    inner: S,
+    shared: Arc<Shared>,
+    parts: request::Parts,
+    bytes: Bytes,
+    claim: ClaimRequest,
+    reply: oneshot::Sender<Reply<ResBody, S::Error>>,
+) where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ReqBody: From<Bytes>,
+    ResBody: Body<Data = Bytes> + Send,
+    ResBody::Error: Into<BoxError> + Send,
+{
+    let config = &shared.config;
     let deadline = config.wait.map(|wait| Instant::now() + wait);
     let mut pause = Duration::from_millis(10);
-    loop {
+    let answer = loop {
         let answer =
             metrics::store_op(config.store_label, "claim", shared.store.claim(&claim)).await;
         let state_before = answer.as_ref().map_or("unknown", ClaimOutcome::kind);
@@ -241,30 +277,36 @@ where
                         "took over a lapsed lease"
                     );
                 }
-                return execute(inner, shared, parts, bytes, lease).await;
+                let mut request = Request::from_parts(parts, ReqBody::from(bytes));
+                request.extensions_mut().insert(IdempotencyContext {
+                    key: lease.key.key.clone(),
+                    scope: lease.key.scope.clone(),
+                    fence: lease.fence,
+                    attempt: lease.attempt,
+                });
+                drive(inner, shared.clone(), request, lease, reply).await;
+                return;
             }
             Ok(ClaimOutcome::InFlight { retry_after }) => {
                 if let Some(deadline) = deadline {
                     let now = Instant::now();
-                    if now < deadline {
+                    if now < deadline && !reply.is_closed() {
                         tokio::time::sleep(pause.min(deadline - now)).await;
                         pause = (pause * 2).min(Duration::from_millis(250));
                         continue;
                     }
                 }
                 metrics::count(metrics::COLLISIONS);
-                return Ok(reject(&shared, Rejection::InFlight { retry_after }));
+                break Ok(reject(&shared, Rejection::InFlight { retry_after }));
             }
             Ok(ClaimOutcome::Completed(record)) => {
                 metrics::count(metrics::REPLAYS);
-                return Ok(replay(&shared, &record));
+                break Ok(replay(&shared, &record));
             }
-            Ok(ClaimOutcome::Failed(_)) => {
-                return Ok(reject(&shared, Rejection::FailedPermanently));
-            }
+            Ok(ClaimOutcome::Failed(_)) => break Ok(reject(&shared, Rejection::FailedPermanently)),
             Ok(ClaimOutcome::Mismatch) => {
                 metrics::count(metrics::MISMATCHES);
-                return Ok(reject(&shared, Rejection::Mismatch));
+                break Ok(reject(&shared, Rejection::Mismatch));
             }
             Err(error) => {
                 tracing::warn!(
@@ -272,7 +314,7 @@ where
                     error = %error,
                     "idempotency store failed on claim"
                 );
-                return match config.store_failure {
+                break match config.store_failure {
                     StoreFailure::FailClosed => {
                         let retry_after = config.store_retry_after;
                         Ok(reject(&shared, Rejection::StoreUnavailable { retry_after }))
@@ -281,7 +323,8 @@ where
                 };
             }
         }
-    }
+    };
+    let _ = reply.send(answer);
 }
 
 /// Fail-open: runs the handler without a record, and marks the response.
@@ -346,48 +389,6 @@ fn replay<B>(shared: &Shared, record: &Record) -> Response<ResponseBody<B>> {
     );
     response.extensions_mut().insert(Outcome::Replayed);
     response
-}
-
-/// The handler's answer, sent from its task to the caller.
-type Reply<B, E> = Result<Response<ResponseBody<B>>, E>;
-
-/// Runs the handler in a task of its own, so it finishes (and its response is stored) even if
-/// the caller goes away, and waits for its answer.
-async fn execute<S, ReqBody, ResBody>(
-    inner: S,
-    shared: Arc<Shared>,
-    parts: request::Parts,
-    bytes: Bytes,
-    lease: Lease,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    ReqBody: From<Bytes> + Send + 'static,
-    ResBody: Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError> + Send,
-{
-    let mut request = Request::from_parts(parts, ReqBody::from(bytes));
-    request.extensions_mut().insert(IdempotencyContext {
-        key: lease.key.key.clone(),
-        scope: lease.key.scope.clone(),
-        fence: lease.fence,
-        attempt: lease.attempt,
-    });
-    let (reply, answer) = oneshot::channel();
-    tokio::spawn(drive(inner, shared.clone(), request, lease, reply));
-    match answer.await {
-        Ok(Ok(mut response)) => {
-            if response.extensions().get::<Outcome>().is_none() {
-                response.extensions_mut().insert(Outcome::Executed);
-            }
-            Ok(response)
-        }
-        Ok(Err(error)) => Err(error),
-        // The task ended without answering: the handler panicked (its claim was released).
-        Err(_) => Ok(reject(&shared, Rejection::HandlerFailed)),
-    }
 }
 
 /// The handler's task: runs it under the claim, streams its response to the caller and settles

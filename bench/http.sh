@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The HTTP layer against the same app without it: wrk -t2 -c64 for 10 s against idem-fixture
+# with the layer (memory store, and Redis when the fixture has it) and with --bare, for first
+# executions (a unique key per request, bench/http/unique-keys.lua) and replays (one key,
+# bench/http/replay.lua). Prints requests per second and the ratio to --bare, and for Redis the
+# commands per request from INFO commandstats.
+#
+#   bench/http.sh                 # memory store, and Redis if `--store redis://` is accepted
+#   DURATION=30s bench/http.sh    # longer runs
+#   REDIS_URL=redis://127.0.0.1:6379 bench/http.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${DURATION:-10s}
+THREADS=${THREADS:-2}
+CONNECTIONS=${CONNECTIONS:-64}
+REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
+
+if ! command -v wrk >/dev/null 2>&1; then
+    echo "wrk not found: installing it from Debian's packages" >&2
+    if [ "$(id -u)" -eq 0 ]; then apt-get update -qq && apt-get install -y -qq wrk; else sudo apt-get install -y wrk; fi
+fi
+
+echo "building idem-fixture (release)" >&2
+cargo build --release -q -p idem-fixture
+target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+fixture="$target_dir/release/idem-fixture"
+
+pid=""
+cleanup() { if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi; }
+trap cleanup EXIT
+
+# start <args...>: starts the fixture, sets $pid and $addr.
+start() {
+    local out
+    out=$(mktemp)
+    "$fixture" --listen 127.0.0.1:0 --retention-ms 600000 "$@" >"$out" 2>&1 &
+    pid=$!
+    for _ in $(seq 50); do
+        addr=$(head -n 1 "$out")
+        if [[ $addr == 127.0.0.1:* ]]; then rm -f "$out"; return 0; fi
+        if ! kill -0 "$pid" 2>/dev/null; then cat "$out" >&2; rm -f "$out"; pid=""; return 1; fi
+        sleep 0.1
+    done
+    rm -f "$out"
+    return 1
+}
+
+# rps <script>: runs wrk against $addr, prints requests per second.
+rps() {
+    wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" -s "bench/http/$1" "http://$addr" \
+        | awk '/^Requests\/sec:/ { print $2 }'
+}
+
+# commands: total Redis commands served so far (calls summed over INFO commandstats).
+commands() {
+    redis-cli -u "$REDIS_URL" info commandstats \
+        | awk -F'[:=,]' '/^cmdstat_/ { if ($2 != "calls") next; sum += $3 } END { print sum + 0 }'
+}
+
+requests_of() { curl -s "http://$addr/counter" | tr -dc '0-9'; }
+
+declare -A result
+run_case() { # run_case <name> <script> <fixture args...>
+    local name=$1 script=$2
+    shift 2
+    start "$@" || return 1
+    # Warm up the connections and the allocator.
+    wrk -t"$THREADS" -c"$CONNECTIONS" -d2s -s "bench/http/$script" "http://$addr" >/dev/null
+    result[$name]=$(rps "$script")
+    cleanup
+    pid=""
+}
+
+run_case bare_unique unique-keys.lua --bare
+run_case bare_replay replay.lua --bare
+run_case memory_unique unique-keys.lua --store memory
+run_case memory_replay replay.lua --store memory
+
+redis=false
+if redis-cli -u "$REDIS_URL" ping >/dev/null 2>&1 && start --store "$REDIS_URL" 2>/dev/null; then
+    cleanup; pid=""; redis=true
+    run_case redis_unique unique-keys.lua --store "$REDIS_URL"
+    run_case redis_replay replay.lua --store "$REDIS_URL"
+    # Commands per request, counted over a fixed number of requests with curl-free wrk runs.
+    for kind in unique replay; do
+        start --store "$REDIS_URL"
+        script=$([ $kind = unique ] && echo unique-keys.lua || echo replay.lua)
+        wrk -t1 -c1 -d1s -s "bench/http/$script" "http://$addr" >/dev/null  # warm: the replay key exists
+        before=$(commands)
+        sent=$(wrk -t1 -c4 -d3s -s "bench/http/$script" "http://$addr" | awk '/requests in/ { print $1 }')
+        after=$(commands)
+        result[redis_${kind}_cmds]=$(awk -v c=$((after - before - 1)) -v n="$sent" 'BEGIN { printf "%.2f", c / n }')
+        cleanup; pid=""
+    done
+fi
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+
+echo
+echo "wrk -t$THREADS -c$CONNECTIONS -d$DURATION, POST /echo (32-byte JSON body), $(nproc) cores, $(date -u +%Y-%m-%d)"
+echo
+echo "| run | first executions (req/s) | ratio to --bare | replays (req/s) | ratio to --bare |"
+echo "|---|---|---|---|---|"
+echo "| --bare | ${result[bare_unique]} | 1.00 | ${result[bare_replay]} | 1.00 |"
+echo "| layer, memory | ${result[memory_unique]} | $(ratio "${result[memory_unique]}" "${result[bare_unique]}") | ${result[memory_replay]} | $(ratio "${result[memory_replay]}" "${result[bare_replay]}") |"
+if $redis; then
+    echo "| layer, Redis | ${result[redis_unique]} | $(ratio "${result[redis_unique]}" "${result[bare_unique]}") | ${result[redis_replay]} | $(ratio "${result[redis_replay]}" "${result[bare_replay]}") |"
+    echo
+    echo "Redis commands per request: first execution ${result[redis_unique_cmds]}, replay ${result[redis_replay_cmds]}"
+else
+    echo
+    echo "(Redis not measured: no server at $REDIS_URL, or this idem-fixture has no Redis store)"
+fi
