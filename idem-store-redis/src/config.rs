@@ -153,6 +153,7 @@ pub struct RedisConfig {
     pub(crate) lease_policy: LeasePolicy,
     pub(crate) fence_memory: Duration,
     pub(crate) clock_offset: ClockOffset,
+    pub(crate) tls_root: Option<Vec<u8>>,
 }
 
 const DEFAULT_MAX_RESULT: NonZeroUsize = match NonZeroUsize::new(16 << 20) {
@@ -208,6 +209,7 @@ impl RedisConfig {
             lease_policy: LeasePolicy::Lenient,
             fence_memory: Duration::from_secs(60),
             clock_offset: ClockOffset::new(),
+            tls_root: None,
         }
     }
 
@@ -306,6 +308,14 @@ impl RedisConfig {
         self
     }
 
+    /// Trusts this PEM root certificate for `rediss://` connections (a private CA or a
+    /// self-signed server certificate), in place of the system's roots.
+    #[cfg(feature = "tls")]
+    pub fn with_tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root = Some(pem.into());
+        self
+    }
+
     /// A [`ClockOffset`] added to the server's time: a test hook (see its docs).
     pub fn with_clock_offset(mut self, offset: ClockOffset) -> Self {
         self.clock_offset = offset;
@@ -375,6 +385,7 @@ impl fmt::Debug for RedisConfig {
             .field("lease_policy", &self.lease_policy)
             .field("fence_memory", &self.fence_memory)
             .field("clock_offset_micros", &self.clock_offset.micros())
+            .field("tls_root", &self.tls_root.as_ref().map(|_| "set"))
             .finish()
     }
 }

@@ -153,7 +153,7 @@ async fn connect_single(url: &str, config: &RedisConfig) -> Result<Conn, RedisEr
     if let Some(database) = config.database {
         settings = settings.set_db(i64::from(database));
     }
-    let client = Client::open(info.set_redis_settings(settings))?;
+    let client = client(info.set_redis_settings(settings), config)?;
     // One quick retry: an operation while the server is down fails fast (Unavailable) instead
     // of waiting out a long backoff; the next operation reconnects.
     let manager = ConnectionManagerConfig::new()
@@ -164,6 +164,27 @@ async fn connect_single(url: &str, config: &RedisConfig) -> Result<Conn, RedisEr
         .set_max_delay(Duration::from_millis(200));
     let conn = ConnectionManager::new_with_config(client, manager).await?;
     Ok(Conn::Single(conn))
+}
+
+#[cfg(feature = "tls")]
+fn client(info: redis::ConnectionInfo, config: &RedisConfig) -> Result<Client, RedisError> {
+    match &config.tls_root {
+        Some(root) => Client::build_with_tls(info, tls_certificates(root)),
+        None => Client::open(info),
+    }
+}
+
+#[cfg(not(feature = "tls"))]
+fn client(info: redis::ConnectionInfo, _config: &RedisConfig) -> Result<Client, RedisError> {
+    Client::open(info)
+}
+
+#[cfg(feature = "tls")]
+fn tls_certificates(root: &[u8]) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(root.to_vec()),
+    }
 }
 
 async fn connect_cluster(seeds: &[String], config: &RedisConfig) -> Result<Conn, RedisError> {
@@ -178,6 +199,10 @@ async fn connect_cluster(seeds: &[String], config: &RedisConfig) -> Result<Conn,
     }
     if let Some(password) = &config.password {
         builder = builder.password(password);
+    }
+    #[cfg(feature = "tls")]
+    if let Some(root) = &config.tls_root {
+        builder = builder.certs(tls_certificates(root));
     }
     let client = builder.build()?;
     Ok(Conn::Cluster(client.get_async_connection().await?))

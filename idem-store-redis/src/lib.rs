@@ -63,6 +63,15 @@
 //! value works again once the server is back. A record that cannot be decoded, or breaks the
 //! record invariants, is [`StoreError::Corrupt`] (never a panic); [`Store::delete`] removes it.
 //!
+//! # Deployment
+//! - Redis must not evict these keys: run it with `maxmemory-policy noeviction` (or give idem
+//!   an instance of its own). Every record has a TTL, so a `volatile-*` policy would drop
+//!   in-flight and completed records under memory pressure, and their retries would run again.
+//! - What Redis loses in a crash or a failover (without AOF, the writes since the last
+//!   snapshot; with `appendfsync everysec`, up to a second; on a Cluster failover, the writes
+//!   not yet replicated) are records, and their retries run again. Where that is not
+//!   acceptable, use AOF with `appendfsync always`, or a PostgreSQL or redb store.
+//!
 //! # Features
 //! - `tls`: `rediss://` URLs (rustls with the ring provider and the system's roots).
 

@@ -165,7 +165,7 @@ async fn a_killed_server_is_unavailable_then_the_same_store_recovers() {
     let held = acquire(&store, &key("before")).await;
 
     server.kill();
-    let slack = Duration::from_millis(300);
+    let slack = Duration::from_millis(500);
     for round in 0..3 {
         let k = key("during");
         let ops: Vec<(&str, PendingError<'_>)> = vec![
@@ -222,15 +222,48 @@ async fn a_killed_server_is_unavailable_then_the_same_store_recovers() {
     }
 
     server.restart();
-    // The same store value: the first operations may still see the old connection fail.
+    recover(&store, "after a restart").await;
+
+    // A server that hangs (SIGSTOP) is a Timeout within the command timeout, and the store
+    // works again once it answers.
+    server.signal("STOP");
+    for op in ["claim", "get"] {
+        let started = Instant::now();
+        let err = match op {
+            "claim" => store.claim(&request(&key("hung"))).await.err(),
+            _ => store.get(&key("hung")).await.err(),
+        };
+        let took = started.elapsed();
+        server_is_hung_check(op, err, took, timeout + slack);
+    }
+    server.signal("CONT");
+    recover(&store, "after a hang").await;
+}
+
+fn server_is_hung_check(op: &str, err: Option<StoreError>, took: Duration, limit: Duration) {
+    assert!(
+        matches!(err, Some(StoreError::Timeout { .. })),
+        "{op} on a hung server: {err:?}"
+    );
+    assert!(took <= limit, "{op} on a hung server took {took:?}");
+}
+
+/// Claims and completes a fresh key with the same store value until it works (10 s at most).
+async fn recover(store: &RedisStore, when: &str) {
+    // The same store value: the first operations may still see the old connection fail. A
+    // fresh key each time: a claim that timed out may still have been applied.
     let deadline = Instant::now() + Duration::from_secs(10);
-    let lease = loop {
-        match store.claim(&request(&key("after"))).await {
-            Ok(ClaimOutcome::Acquired { lease, .. }) => break lease,
-            Ok(other) => panic!("a fresh server answered {other:?}"),
+    let (k, lease) = loop {
+        let k = key(&format!("recovered-{}", rand::random::<u64>()));
+        match store.claim(&request(&k)).await {
+            Ok(ClaimOutcome::Acquired { lease, .. }) => break (k, lease),
+            Ok(other) => panic!("{when}: a fresh key answered {other:?}"),
             Err(err) => {
-                assert!(err.is_retryable(), "{err:?}");
-                assert!(Instant::now() < deadline, "never recovered: {err:?}");
+                assert!(err.is_retryable(), "{when}: {err:?}");
+                assert!(
+                    Instant::now() < deadline,
+                    "{when}: never recovered: {err:?}"
+                );
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
@@ -239,7 +272,7 @@ async fn a_killed_server_is_unavailable_then_the_same_store_recovers() {
         .complete(&lease, Bytes::from_static(b"back"), RETENTION)
         .await
         .unwrap();
-    match store.claim(&request(&key("after"))).await.unwrap() {
+    match store.claim(&request(&k)).await.unwrap() {
         ClaimOutcome::Completed(record) => assert_eq!(record.result.as_deref(), Some(&b"back"[..])),
         other => panic!("expected the stored result, got {other:?}"),
     }
@@ -559,4 +592,98 @@ async fn a_failed_record_is_replayed_with_its_failure() {
         }
         other => panic!("expected Failed, got {other:?}"),
     }
+}
+
+/// The user name and password are sent; a wrong password is an error a retry cannot fix.
+#[tokio::test]
+async fn credentials_are_used() {
+    if !have_redis_binaries() {
+        return;
+    }
+    let server = ServerProcess::start(&[
+        "--user", "default", "off", "--user", "app", "on", ">s3cret", "~*", "&*", "+@all",
+    ]);
+    let url = server.url();
+    let wrong = RedisConfig::new(url.clone())
+        .unwrap()
+        .with_username("app")
+        .with_password("wrong");
+    let err = RedisStore::connect(wrong).await.unwrap_err();
+    assert!(!err.is_retryable(), "{err:?}");
+    for config in [
+        RedisConfig::new(url.clone())
+            .unwrap()
+            .with_username("app")
+            .with_password("s3cret"),
+        RedisConfig::new(format!("redis://app:s3cret@127.0.0.1:{}", server.port)).unwrap(),
+    ] {
+        let store = RedisStore::connect(config).await.unwrap();
+        let lease = acquire(&store, &key("authenticated")).await;
+        store.release(&lease).await.unwrap();
+    }
+}
+
+/// `rediss://` connects over TLS to a server with a self-signed certificate, trusted as the
+/// configured root.
+#[cfg(feature = "tls")]
+#[tokio::test]
+async fn rediss_connects_over_tls() {
+    if !have_redis_binaries() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("idem-redis-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // A test CA, and a server certificate for localhost signed by it.
+    let script = r#"set -e
+openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=idem-test-ca -keyout ca.key -out ca.pem
+openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout key.pem -out server.csr
+printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > ext.cnf
+openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -extfile ext.cnf -out cert.pem"#;
+    let made = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(&dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+    if !made.is_ok_and(|s| s.success()) {
+        common::skip("openssl could not make a test certificate");
+        return;
+    }
+    let (ca, cert, key_file) = (
+        dir.join("ca.pem"),
+        dir.join("cert.pem"),
+        dir.join("key.pem"),
+    );
+    let tls_port = common::free_port(false).to_string();
+    let (cert, key_file) = (cert.display().to_string(), key_file.display().to_string());
+    let _server = ServerProcess::start(&[
+        "--tls-port",
+        &tls_port,
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key_file,
+        "--tls-ca-cert-file",
+        &ca.display().to_string(),
+        "--tls-auth-clients",
+        "no",
+    ]);
+    let config = RedisConfig::new(format!("rediss://localhost:{tls_port}"))
+        .unwrap()
+        .with_namespace(namespace())
+        .unwrap()
+        .with_tls_root_certificate(std::fs::read(&ca).unwrap());
+    let store = RedisStore::connect(config).await.unwrap();
+    let k = key("over-tls");
+    let lease = acquire(&store, &k).await;
+    store
+        .complete(&lease, Bytes::from_static(b"secret"), RETENTION)
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.claim(&request(&k)).await.unwrap(),
+        ClaimOutcome::Completed(_)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
 }

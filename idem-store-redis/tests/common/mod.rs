@@ -317,13 +317,14 @@ exit 0"#;
     fn wait_until_up(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            let ping = redis::Client::open(self.url()).ok().and_then(|client| {
-                let mut conn = client
+            // Any answer counts, a refusal to an anonymous client (NOAUTH) too.
+            let answered = redis::Client::open(self.url()).is_ok_and(|client| {
+                client
                     .get_connection_with_timeout(Duration::from_millis(200))
-                    .ok()?;
-                redis::cmd("PING").query::<String>(&mut conn).ok()
+                    .and_then(|mut conn| redis::cmd("PING").query::<String>(&mut conn))
+                    .is_ok_or_else_server_error()
             });
-            if ping.is_some() {
+            if answered {
                 return;
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -342,6 +343,17 @@ exit 0"#;
         {
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`...) to the server.
+    pub fn signal(&self, signal: &str) {
+        let pid = std::fs::read_to_string(self.pid_file()).expect("the server's pid");
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.trim())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} failed");
     }
 
     /// Starts the server again on the same port.
@@ -529,4 +541,19 @@ pub async fn big_hammer(h: &RedisHarness, server: &str) {
     );
     report.assert_exactly_once();
     assert_eq!(report.total_executions(), 2_000);
+}
+
+/// Whether a result is an answer of the server (a success or a server error), as opposed to a
+/// connection failure.
+trait Answered {
+    fn is_ok_or_else_server_error(&self) -> bool;
+}
+
+impl<T> Answered for redis::RedisResult<T> {
+    fn is_ok_or_else_server_error(&self) -> bool {
+        match self {
+            Ok(_) => true,
+            Err(err) => !err.is_io_error() && !err.is_connection_refusal(),
+        }
+    }
 }

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The Redis store's throughput against the server's own ceiling, on the same machine and the
+# same server, in one run:
+#   - claim + complete cycles per second of RedisStore (idem-store-redis/examples/claim_complete)
+#     at 1, 16 and 64 concurrent tasks sharing one store (one multiplexed connection);
+#   - redis-benchmark running EVALSHA of a trivial one-key script with 1, 16 and 64 clients.
+# One cycle is two scripts (claim, complete), so half the EVALSHA rate is the ceiling; the
+# script prints cycles/s, the ceiling, and the ratio to it.
+#
+#   bench/redis.sh                   # a redis-server of its own on a free port, 5 s per run
+#   SECONDS_PER_RUN=10 bench/redis.sh
+#   REDIS_URL=redis://127.0.0.1:6379 bench/redis.sh   # an existing server instead (it is not flushed)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SECONDS_PER_RUN=${SECONDS_PER_RUN:-5}
+TASKS=${TASKS:-"1 16 64"}
+
+for tool in redis-server redis-cli redis-benchmark; do
+    if ! command -v "$tool" >/dev/null 2>&1; then
+        echo "$tool not found: installing redis-server and redis-tools from Debian's packages" >&2
+        apt-get update -qq && apt-get install -y -qq redis-server redis-tools >/dev/null
+        break
+    fi
+done
+
+server_pid=""
+dir=""
+cleanup() {
+    if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
+    if [ -n "$dir" ]; then rm -rf "$dir"; fi
+}
+trap cleanup EXIT
+
+if [ -z "${REDIS_URL:-}" ]; then
+    port=""
+    for candidate in $(seq 6390 6490); do
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$candidate") 2>/dev/null; then port=$candidate; break; fi
+    done
+    [ -n "$port" ] || { echo "no free port in 6390..6490" >&2; exit 1; }
+    dir=$(mktemp -d)
+    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
+        --logfile "$dir/redis.log" &
+    server_pid=$!
+    for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+    REDIS_URL="redis://127.0.0.1:$port"
+fi
+hostport=${REDIS_URL#redis://}
+hostport=${hostport%%/*}
+host=${hostport%:*}
+port=${hostport##*:}
+
+echo "building the claim_complete example (release)" >&2
+cargo build --release -q -p idem-store-redis --example claim_complete
+target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+bench="$target_dir/release/examples/claim_complete"
+
+sha=$(redis-cli -h "$host" -p "$port" script load "return redis.call('EXISTS', KEYS[1])")
+server_version=$(redis-cli -h "$host" -p "$port" info server | sed -n 's/^redis_version:\(.*\)\r$/\1/p')
+echo "server: redis $server_version at $host:$port; $(nproc) cores; ${SECONDS_PER_RUN}s per run"
+printf '%-6s %14s %16s %14s %10s\n' tasks "cycles/s" "EVALSHA/s" "ceiling" ratio
+for tasks in $TASKS; do
+    cycles=$("$bench" --url "$REDIS_URL" --tasks "$tasks" --seconds "$SECONDS_PER_RUN" \
+        | sed -n 's/.*cycles_per_sec=\([0-9.]*\).*/\1/p')
+    # As many EVALSHA requests as it can do in about the same time.
+    requests=$(awk -v c="$cycles" -v s="$SECONDS_PER_RUN" 'BEGIN { n = c * 2 * s * 2; if (n < 20000) n = 20000; printf "%d", n }')
+    evalsha=$(redis-benchmark -h "$host" -p "$port" -c "$tasks" -n "$requests" -r 100000 -q \
+            EVALSHA "$sha" 1 "bench:key:__rand_int__" \
+        | tr '\r' '\n' | sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p' | tail -n 1)
+    awk -v t="$tasks" -v c="$cycles" -v e="$evalsha" 'BEGIN {
+        ceiling = e / 2
+        printf "%-6s %14.0f %16.0f %14.0f %10.2f\n", t, c, e, ceiling, c / ceiling
+    }'
+done
