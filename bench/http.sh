@@ -3,7 +3,8 @@
 # with the layer (memory store, and Redis when the fixture has it) and with --bare, for first
 # executions (a unique key per request, bench/http/unique-keys.lua) and replays (one key,
 # bench/http/replay.lua). Prints requests per second and the ratio to --bare, and for Redis the
-# commands per request from INFO commandstats.
+# commands per request from INFO commandstats. The CPU columns are the fixture's own CPU time per
+# request, with the ratio bare/layer in parentheses (1.00 = no overhead).
 #
 #   bench/http.sh                 # memory store, and Redis if `--store redis://` is accepted
 #   DURATION=30s bench/http.sh    # longer runs
@@ -46,10 +47,21 @@ start() {
     return 1
 }
 
-# rps <script>: runs wrk against $addr, prints requests per second.
-rps() {
-    wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" -s "bench/http/$1" "http://$addr" \
-        | awk '/^Requests\/sec:/ { print $2 }'
+# cpu_ticks: CPU time (user + system, in clock ticks) the fixture has used so far.
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$pid/stat"; }
+hz=$(getconf CLK_TCK)
+
+# measure <script>: runs wrk against $addr; prints "<requests per second> <server CPU us per request>".
+# The CPU time per request is steadier than throughput on a machine shared with other work.
+measure() {
+    local before after out
+    before=$(cpu_ticks)
+    out=$(wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" -s "bench/http/$1" "http://$addr")
+    after=$(cpu_ticks)
+    awk -v ticks=$((after - before)) -v hz="$hz" '
+        /requests in/ { n = $1 }
+        /^Requests\/sec:/ { rps = $2 }
+        END { printf "%s %.1f", rps, ticks * 1000000 / hz / n }' <<<"$out"
 }
 
 # commands: total Redis commands served so far (calls summed over INFO commandstats).
@@ -67,7 +79,7 @@ run_case() { # run_case <name> <script> <fixture args...>
     start "$@" || return 1
     # Warm up the connections and the allocator.
     wrk -t"$THREADS" -c"$CONNECTIONS" -d2s -s "bench/http/$script" "http://$addr" >/dev/null
-    result[$name]=$(rps "$script")
+    read -r result[$name] result[${name}_cpu] <<<"$(measure "$script")"
     cleanup
     pid=""
 }
@@ -100,12 +112,15 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 echo
 echo "wrk -t$THREADS -c$CONNECTIONS -d$DURATION, POST /echo (32-byte JSON body), $(nproc) cores, $(date -u +%Y-%m-%d)"
 echo
-echo "| run | first executions (req/s) | ratio to --bare | replays (req/s) | ratio to --bare |"
-echo "|---|---|---|---|---|"
-echo "| --bare | ${result[bare_unique]} | 1.00 | ${result[bare_replay]} | 1.00 |"
-echo "| layer, memory | ${result[memory_unique]} | $(ratio "${result[memory_unique]}" "${result[bare_unique]}") | ${result[memory_replay]} | $(ratio "${result[memory_replay]}" "${result[bare_replay]}") |"
+echo "| run | first executions (req/s) | ratio to --bare | server CPU per request | replays (req/s) | ratio to --bare | server CPU per request |"
+echo "|---|---|---|---|---|---|---|"
+row() { # row <label> <prefix>
+    echo "| $1 | ${result[${2}_unique]} | $(ratio "${result[${2}_unique]}" "${result[bare_unique]}") | ${result[${2}_unique_cpu]} us ($(ratio "${result[bare_unique_cpu]}" "${result[${2}_unique_cpu]}")) | ${result[${2}_replay]} | $(ratio "${result[${2}_replay]}" "${result[bare_replay]}") | ${result[${2}_replay_cpu]} us ($(ratio "${result[bare_replay_cpu]}" "${result[${2}_replay_cpu]}")) |"
+}
+row "--bare" bare
+row "layer, memory store" memory
 if $redis; then
-    echo "| layer, Redis | ${result[redis_unique]} | $(ratio "${result[redis_unique]}" "${result[bare_unique]}") | ${result[redis_replay]} | $(ratio "${result[redis_replay]}" "${result[bare_replay]}") |"
+    row "layer, Redis store" redis
     echo
     echo "Redis commands per request: first execution ${result[redis_unique_cmds]}, replay ${result[redis_replay_cmds]}"
 else

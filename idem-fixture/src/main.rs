@@ -7,8 +7,9 @@
 //!
 //! - `--listen ADDR`: where to listen (default `127.0.0.1:0`; port 0 picks a free port). The
 //!   first line on stdout is the bound address.
-//! - `--store URL`: `memory` (the default). Remote stores (`redis://...`) are accepted once
-//!   their crate is in the workspace.
+//! - `--store URL`: `memory` (the default) or `redis://HOST:PORT[/DB]` (namespace
+//!   `idem-fixture`; the `redis` feature, on by default). The fixture exits with an error if
+//!   the store cannot be reached at start.
 //! - `--retention-ms N`: how long a response is kept (default 86400000, 24 h).
 //! - `--lease-ms N`: the lease of a claim (default 30000); the heartbeat runs every third of it.
 //! - `--bare`: no layer (the baseline of the benchmarks).
@@ -44,7 +45,7 @@ use idem_store_memory::MemoryStore;
 const MAX_LARGE: usize = 256 * 1024 * 1024;
 const MAX_SLOW_MS: u64 = 600_000;
 
-const USAGE: &str = "usage: idem-fixture [--listen ADDR] [--store memory] [--retention-ms N] [--lease-ms N] [--bare]";
+const USAGE: &str = "usage: idem-fixture [--listen ADDR] [--store memory|redis://HOST:PORT] [--retention-ms N] [--lease-ms N] [--bare]";
 
 /// The command line.
 #[derive(Debug)]
@@ -205,7 +206,7 @@ async fn reset(State(counter): State<Counter>) -> StatusCode {
 }
 
 /// The layer for `args`, or why it cannot be built.
-fn layer(args: &Args) -> Result<IdempotencyLayer, String> {
+async fn layer(args: &Args) -> Result<IdempotencyLayer, String> {
     let builder = Config::builder()
         .require_key()
         .lease(args.lease)
@@ -219,16 +220,40 @@ fn layer(args: &Args) -> Result<IdempotencyLayer, String> {
                 .map_err(|e| e.to_string())?;
             Ok(IdempotencyLayer::with_config(MemoryStore::new(), config))
         }
-        other if other.starts_with("redis://") || other.starts_with("rediss://") => Err(format!(
-            "--store {other}: the Redis store is not in this build yet (idem-store-redis has not landed); only `memory` is available"
-        )),
+        url if url.starts_with("redis://") || url.starts_with("rediss://") => {
+            let config = builder
+                .store_label("redis")
+                .build()
+                .map_err(|e| e.to_string())?;
+            Ok(IdempotencyLayer::with_config(
+                redis_store(url).await?,
+                config,
+            ))
+        }
         other => Err(format!(
-            "--store {other:?}: unknown store; this build has only `memory`"
+            "--store {other:?}: unknown store; this build has `memory` and `redis://...`"
         )),
     }
 }
 
-fn app(args: &Args) -> Result<Router, String> {
+#[cfg(feature = "redis")]
+async fn redis_store(url: &str) -> Result<idem_store_redis::RedisStore, String> {
+    let config = idem_store_redis::RedisConfig::new(url)
+        .and_then(|config| config.with_namespace("idem-fixture"))
+        .map_err(|e| format!("--store {url}: {e}"))?;
+    idem_store_redis::RedisStore::connect(config)
+        .await
+        .map_err(|e| format!("--store {url}: {e}"))
+}
+
+#[cfg(not(feature = "redis"))]
+async fn redis_store(url: &str) -> Result<MemoryStore, String> {
+    Err(format!(
+        "--store {url}: this build has no Redis store (build idem-fixture with the `redis` feature)"
+    ))
+}
+
+async fn app(args: &Args) -> Result<Router, String> {
     let counter = Counter::default();
     let covered = Router::new()
         .route("/echo", post(echo))
@@ -239,7 +264,7 @@ fn app(args: &Args) -> Result<Router, String> {
     let covered = if args.bare {
         covered
     } else {
-        covered.layer(layer(args)?)
+        covered.layer(layer(args).await?)
     };
     Ok(covered
         .route("/counter", get(count))
@@ -248,7 +273,7 @@ fn app(args: &Args) -> Result<Router, String> {
 }
 
 async fn serve(args: Args) -> Result<(), String> {
-    let app = app(&args)?;
+    let app = app(&args).await?;
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;

@@ -24,8 +24,16 @@ macro_rules! on_every_store {
             )*
         }
 
-        // The Redis arm lands with the Redis store (idem-fixture's `redis` feature):
-        // each behaviour then runs once more against `super::support::redis_url()`.
+        #[cfg(feature = "redis")]
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    let Some(url) = super::support::redis_url() else { return };
+                    super::$behaviour(&url).await;
+                }
+            )*
+        }
     };
 }
 
@@ -50,6 +58,63 @@ on_every_store!(
     storm_of_200_on_one_key_executes_once,
     storm_on_20_keys_executes_20_times,
 );
+
+/// The store going down under a running fixture: every keyed request is 503 with
+/// `Retry-After`, and the handler does not run. A Redis server of the test's own, on a free
+/// port, is started and shut down (the shared server is left alone).
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_store_down_is_503_and_the_handler_does_not_run() {
+    if support::redis_url().is_none() {
+        return;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let mut server = std::process::Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start a redis-server of the test's own");
+    let url = format!("redis://127.0.0.1:{port}");
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let fixture = Fixture::start(&url, &[]);
+    let key = unique("down");
+    assert_eq!(
+        fixture.post("/echo", &key, "a").await.status,
+        StatusCode::CREATED
+    );
+    server.kill().unwrap();
+    server.wait().unwrap();
+    for path in ["/echo", "/status/200"] {
+        let answer = fixture.post(path, &unique("down-new"), "a").await;
+        assert_problem(&answer, 503);
+        let retry_after: u64 = answer.header("retry-after").unwrap().parse().unwrap();
+        assert!(retry_after >= 1);
+    }
+    let replay = fixture.post("/echo", &key, "a").await;
+    assert_problem(&replay, 503);
+    assert_eq!(
+        fixture.counter().await,
+        1,
+        "no handler ran while the store was down"
+    );
+}
 
 fn assert_problem(answer: &Answer, status: u16) {
     assert_eq!(answer.status.as_u16(), status, "{answer:?}");

@@ -1,6 +1,9 @@
 //! [`Idempotency`]: the middleware service, and the life of one request through it.
 
 use std::fmt;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -14,7 +17,6 @@ use idem_core::{
     BoxError, ClaimOutcome, ClaimRequest, Lease, Record, RecordKey, Store, StoreError,
 };
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -218,11 +220,25 @@ where
     };
     let fingerprint = request_fingerprint(&parts.method, &parts.uri, &bytes);
     let claim = ClaimRequest::new(key, fingerprint, config.lease);
-    // From the claim on, the work runs in a task of its own: a caller that goes away (a client
-    // that disconnects) never leaves a claim without a holder, and never stops the handler.
-    let (reply, answer) = oneshot::channel();
-    tokio::spawn(process(inner, shared.clone(), parts, bytes, claim, reply));
-    match answer.await {
+    // From the claim on, the work is polled here, inline, but owned by a guard that hands it
+    // to a task of its own if this future is dropped (the client disconnected) or returns
+    // before the work ends (a streamed response): the handler always runs to completion and
+    // its claim is always settled. A panic in the work is caught and answered with 500.
+    let (reply, mut answer) = oneshot::channel();
+    let mut work = Detached::new(Box::pin(process(
+        inner,
+        shared.clone(),
+        parts,
+        bytes,
+        claim,
+        reply,
+    )));
+    let answer = std::future::poll_fn(|cx| {
+        work.poll_inline(cx);
+        Pin::new(&mut answer).poll(cx)
+    })
+    .await;
+    match answer {
         Ok(Ok(mut response)) => {
             if response.extensions().get::<Outcome>().is_none() {
                 response.extensions_mut().insert(Outcome::Executed);
@@ -230,8 +246,44 @@ where
             Ok(response)
         }
         Ok(Err(error)) => Err(error),
-        // The task ended without answering: the handler panicked (its claim was released).
+        // The work ended without answering: the handler panicked (its claim was released).
         Err(_) => Ok(reject(&shared, Rejection::HandlerFailed)),
+    }
+}
+
+/// The work of one request past its claim, as a boxed future.
+type Work = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Owns the work of a request: polled inline by the caller, and spawned onto the runtime to
+/// finish on its own if the caller lets go of it before it is done.
+struct Detached {
+    work: Option<Work>,
+}
+
+impl Detached {
+    fn new(work: Work) -> Self {
+        Detached { work: Some(work) }
+    }
+
+    /// Polls the work once; a panic in it drops it (its claim guard releases the key).
+    fn poll_inline(&mut self, cx: &mut Context<'_>) {
+        let Some(work) = self.work.as_mut() else {
+            return;
+        };
+        match std::panic::catch_unwind(AssertUnwindSafe(|| work.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => {}
+            Ok(Poll::Ready(())) | Err(_) => self.work = None,
+        }
+    }
+}
+
+impl Drop for Detached {
+    fn drop(&mut self) {
+        if let Some(work) = self.work.take() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(work);
+            }
+        }
     }
 }
 
@@ -405,7 +457,7 @@ async fn drive<S, ReqBody, ResBody>(
     ResBody::Error: Into<BoxError> + Send,
 {
     let mut claim = Claim::new(shared.clone(), lease);
-    let response = match inner.call(request).await {
+    let response = match claim.beating(inner.call(request)).await {
         Ok(response) => response,
         Err(error) => {
             claim.release("handler_error").await;
@@ -428,7 +480,7 @@ async fn drive<S, ReqBody, ResBody>(
         .is_some_and(|len| len <= u64::try_from(capture_limit).unwrap_or(u64::MAX))
     {
         // A body of known, moderate size: read it whole, store it, then answer.
-        match body.collect().await {
+        match claim.beating(body.collect()).await {
             Ok(collected) => {
                 let bytes = collected.to_bytes();
                 claim.complete(status, headers, Some(bytes.clone())).await;
@@ -451,7 +503,7 @@ async fn drive<S, ReqBody, ResBody>(
     let mut captured = Some(Vec::new());
     let mut captured_len = 0usize;
     let mut body = std::pin::pin!(body);
-    while let Some(frame) = body.frame().await {
+    while let Some(frame) = claim.beating(body.frame()).await {
         match frame {
             Ok(frame) => {
                 if let Some(data) = frame.data_ref() {
@@ -463,7 +515,7 @@ async fn drive<S, ReqBody, ResBody>(
                     }
                 }
                 // A caller that went away no longer reads: keep going, the record matters.
-                let _ = frames.send(Ok(frame)).await;
+                let _ = claim.beating(frames.send(Ok(frame))).await;
             }
             Err(error) => {
                 claim.release("body_error").await;
@@ -476,36 +528,45 @@ async fn drive<S, ReqBody, ResBody>(
     claim.complete(status, headers, body).await;
 }
 
-/// Aborts a task when dropped.
-struct AbortOnDrop(JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// A held claim: keeps its lease by heartbeat, and is released if dropped unsettled (the
-/// handler panicked or its task was cancelled).
+/// A held claim: keeps its lease by heartbeat while the handler runs, and is released if
+/// dropped unsettled (the handler panicked or its task was cancelled).
 struct Claim {
     shared: Arc<Shared>,
     lease: Lease,
-    heartbeat: Option<AbortOnDrop>,
+    /// The heartbeat, polled alongside the handler ([`Claim::beating`]); it sets no timer until
+    /// the handler first has to wait.
+    heartbeat: Option<Work>,
     settled: bool,
 }
 
 impl Claim {
     fn new(shared: Arc<Shared>, lease: Lease) -> Self {
-        let heartbeat = Some(AbortOnDrop(tokio::spawn(heartbeat(
-            shared.clone(),
-            lease.clone(),
-        ))));
+        let heartbeat: Work = Box::pin(heartbeat(shared.clone(), lease.clone()));
         Claim {
             shared,
             lease,
-            heartbeat,
+            heartbeat: Some(heartbeat),
             settled: false,
         }
+    }
+
+    /// Runs `future` while the heartbeat keeps the lease.
+    async fn beating<F: Future>(&mut self, future: F) -> F::Output {
+        let mut future = std::pin::pin!(future);
+        let heartbeat = &mut self.heartbeat;
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(output) = future.as_mut().poll(cx) {
+                return Poll::Ready(output);
+            }
+            if let Some(beat) = heartbeat.as_mut() {
+                if beat.as_mut().poll(cx).is_ready() {
+                    // The lease was lost; the handler goes on, its completion will be refused.
+                    *heartbeat = None;
+                }
+            }
+            Poll::Pending
+        })
+        .await
     }
 
     fn settle(&mut self) {
@@ -620,7 +681,7 @@ impl Drop for Claim {
     }
 }
 
-/// Extends the lease every heartbeat interval until aborted or refused.
+/// Extends the lease every heartbeat interval until dropped or refused.
 async fn heartbeat(shared: Arc<Shared>, lease: Lease) {
     let config = &shared.config;
     let every = config.heartbeat;

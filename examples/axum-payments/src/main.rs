@@ -3,7 +3,7 @@
 //! timeout never charges twice. See the README for a walk through it with curl.
 //!
 //! ```text
-//! axum-payments [--listen ADDR] [--store memory] [--provider-latency-ms N]
+//! axum-payments [--listen ADDR] [--store memory|redis://HOST:PORT] [--provider-latency-ms N]
 //! ```
 //!
 //! A charge at the simulated payment provider takes `--provider-latency-ms` (default 2000), long
@@ -162,17 +162,33 @@ fn app(layer: IdempotencyLayer, provider_latency: Duration) -> Router {
         })
 }
 
-/// The layer over the store named on the command line.
-fn layer(store: &str) -> Result<IdempotencyLayer, String> {
-    let config = Config::builder()
-        .require_key()
-        .store_label("memory")
-        .build()
-        .map_err(|e| e.to_string())?;
+/// The layer over the store named on the command line: `memory`, or a `redis://` URL.
+async fn layer(store: &str) -> Result<IdempotencyLayer, String> {
+    let config = |label| {
+        Config::builder()
+            .require_key()
+            .store_label(label)
+            .build()
+            .map_err(|e| e.to_string())
+    };
     match store {
-        "memory" => Ok(IdempotencyLayer::with_config(MemoryStore::new(), config)),
+        "memory" => Ok(IdempotencyLayer::with_config(
+            MemoryStore::new(),
+            config("memory")?,
+        )),
+        #[cfg(feature = "redis")]
+        url if url.starts_with("redis://") || url.starts_with("rediss://") => {
+            use idem_store_redis::{RedisConfig, RedisStore};
+            let redis = RedisConfig::new(url)
+                .and_then(|c| c.with_namespace("axum-payments"))
+                .map_err(|e| format!("--store {url}: {e}"))?;
+            let store = RedisStore::connect(redis)
+                .await
+                .map_err(|e| format!("--store {url}: {e}"))?;
+            Ok(IdempotencyLayer::with_config(store, config("redis")?))
+        }
         other => Err(format!(
-            "--store {other}: only `memory` is in this build (Redis comes with idem-store-redis)"
+            "--store {other}: not a store of this build (`memory`, `redis://HOST:PORT`)"
         )),
     }
 }
@@ -195,12 +211,12 @@ async fn run() -> Result<(), String> {
             }
             other => {
                 return Err(format!(
-                    "unknown flag {other}; usage: axum-payments [--listen ADDR] [--store memory] [--provider-latency-ms N]"
+                    "unknown flag {other}; usage: axum-payments [--listen ADDR] [--store memory|redis://HOST:PORT] [--provider-latency-ms N]"
                 ));
             }
         }
     }
-    let app = app(layer(&store)?, latency);
+    let app = app(layer(&store).await?, latency);
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
@@ -254,7 +270,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_readme_walk_through() {
-        let app = app(layer("memory").unwrap(), Duration::ZERO);
+        let app = app(layer("memory").await.unwrap(), Duration::ZERO);
         let pay = r#"{"amount": 1250, "currency": "eur"}"#;
         let (status, first) = call(&app, "POST", "/payments", Some("\"pay-42\""), pay).await;
         assert_eq!(status, StatusCode::CREATED, "{first}");

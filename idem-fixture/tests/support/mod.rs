@@ -89,10 +89,18 @@ pub fn quoted(key: &str) -> String {
 }
 
 impl Fixture {
-    /// Starts the fixture with `--store store` and the extra `args`.
+    /// Starts the fixture with `--store store` and the extra `args`. On a shared store (Redis),
+    /// records are kept 2 minutes unless `args` say otherwise, so the tests clean up after
+    /// themselves.
     pub fn start(store: &str, args: &[&str]) -> Fixture {
+        let retention: &[&str] = if store != "memory" && !args.contains(&"--retention-ms") {
+            &["--retention-ms", "120000"]
+        } else {
+            &[]
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_idem-fixture"))
             .args(["--listen", "127.0.0.1:0", "--store", store])
+            .args(retention)
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
