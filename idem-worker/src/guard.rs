@@ -405,12 +405,14 @@ impl JobGuard {
             }
             Ok(ClaimOutcome::InFlight { retry_after }) => {
                 inner.labels.count(m::COLLISIONS);
-                // Not bounded by the attempts: the holder's lease bounds the wait, and a
-                // crashed holder's key is taken over once it lapses. A little jitter spreads
-                // the duplicates out.
-                let after = retry_after
-                    .max(Duration::from_millis(1))
-                    .mul_f64(1.0 + rand::random::<f64>() * 0.1);
+                // Back off, but never past the holder's lease: a short job is usually done
+                // long before its lease lapses, and a crashed holder's key is taken over once
+                // it does. Not bounded by the attempts: the holder's lease bounds the wait.
+                let after = inner
+                    .retry
+                    .delay(delivery)
+                    .min(retry_after)
+                    .max(Duration::from_millis(1));
                 finish(
                     Outcome::InFlight { retry_after },
                     Disposition::Retry { after },

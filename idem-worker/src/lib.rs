@@ -49,7 +49,7 @@
 //! |---|---|---|
 //! | nothing (or a lapsed claim) | the job runs: see below | |
 //! | a completed record | [`Outcome::Replayed`] with its result | [`Disposition::Ack`] |
-//! | a live claim | [`Outcome::InFlight`] | [`Disposition::Retry`] once the holder's lease lapses |
+//! | a live claim | [`Outcome::InFlight`] | [`Disposition::Retry`] with backoff, at most until the holder's lease lapses |
 //! | another fingerprint | [`Outcome::Mismatch`] | [`Disposition::DeadLetter`] |
 //! | a permanent failure | [`Outcome::Failed`] | [`Disposition::DeadLetter`] |
 //! | an error | [`Outcome::Error`] | retry with backoff, or dead-letter |

@@ -99,9 +99,17 @@ async fn in_flight_duplicate_is_retried_after_the_lease() {
         "{retry_after:?}"
     );
     // Not bounded by the attempts (delivery 7 > 3): the holder's lease bounds the wait.
+    // Backoff (delivery 7: up to 30 s here), capped by the holder's lease.
     assert!(
-        matches!(dup.disposition, Disposition::Retry { after } if after >= retry_after),
+        matches!(dup.disposition, Disposition::Retry { after } if after <= retry_after),
         "{dup:?}"
+    );
+    let early = guard
+        .run_delivery(&key("k"), fp("p"), 1, |_| ok_job(&runs, "dup"))
+        .await;
+    assert!(
+        matches!(early.disposition, Disposition::Retry { after } if after <= Duration::from_secs(1)),
+        "{early:?}"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     let done = claim.run(|_| ok_job(&runs, "first")).await;

@@ -1,0 +1,54 @@
+//! The JetStream worker example: `publish` puts jobs on the stream (a fifth of them twice),
+//! `work` consumes them through the guard on the memory store.
+//!
+//! ```text
+//! cargo run -p worker-nats -- publish 100
+//! cargo run -p worker-nats -- work
+//! ```
+//!
+//! `IDEM_TEST_NATS_URL` (or `NATS_URL`) names the server (default `127.0.0.1:4222`).
+
+use async_nats::HeaderMap;
+use queue_common::{ctrl_c, demo_orders, ship_orders};
+use worker_nats::{Error, KEY_HEADER, consume, ensure_consumer};
+
+const STREAM: &str = "IDEM_EXAMPLE_JOBS";
+const SUBJECTS: &str = "idem.example.jobs.>";
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
+    let url = std::env::var("IDEM_TEST_NATS_URL")
+        .or_else(|_| std::env::var("NATS_URL"))
+        .unwrap_or_else(|_| "127.0.0.1:4222".to_owned());
+    let client = async_nats::connect(&url).await?;
+    // The stream must exist before anything is published on it.
+    let consumer = ensure_consumer(&client, STREAM, SUBJECTS, "example", 10).await?;
+    let mut args = std::env::args().skip(1);
+    match args.next().as_deref() {
+        Some("publish") => {
+            let count: u64 = args.next().map_or(Ok(100), |n| n.parse())?;
+            let js = async_nats::jetstream::new(client);
+            let orders = demo_orders(count);
+            for (key, payload) in &orders {
+                let mut headers = HeaderMap::new();
+                headers.insert(KEY_HEADER, key.as_str());
+                js.publish_with_headers("idem.example.jobs.ship", headers, payload.clone().into())
+                    .await?
+                    .await?;
+            }
+            println!("published {count} jobs ({} messages)", orders.len());
+        }
+        Some("work") => {
+            println!("working; Ctrl-C to stop");
+            consume(consumer, 16, ctrl_c(), ship_orders()?).await?;
+        }
+        _ => {
+            eprintln!("usage: worker-nats publish [COUNT] | work");
+            std::process::exit(2);
+        }
+    }
+    Ok(())
+}
