@@ -406,32 +406,14 @@ async fn store_command(config: &Config, command: StoreCommand) -> Result<(), Fai
         StoreCommand::Migrate { json } => ("migrate", json),
         StoreCommand::Sweep { json } => ("sweep", json),
     };
-    let message = match (&config.store.spec, verb) {
-        (StoreSpec::Memory, "migrate") => "the memory store has no schema: nothing to migrate",
-        (StoreSpec::Memory, _) => {
-            "the memory store sweeps itself inside each gateway: nothing to sweep"
-        }
-        (StoreSpec::Redis(_), "migrate") => {
-            "the redis store needs no migration (its scripts load at connect)"
-        }
-        (StoreSpec::Redis(_), _) => "the redis store expires records by TTL: nothing to sweep",
-        (other, _) => {
-            // PostgreSQL and redb: opened (and migrated) by their crate once this build has it.
-            crate::store::open(&crate::config::StoreConfig {
-                spec: other.clone(),
-                ..config.store.clone()
-            })
-            .await?;
-            "done"
-        }
-    };
+    let message = crate::store::maintain(&config.store, verb == "migrate").await?;
     if json {
         say(
             &json!({ "store": config.store.spec.kind(), "command": verb, "message": message })
                 .to_string(),
         );
     } else {
-        say(message);
+        say(&message);
     }
     Ok(())
 }

@@ -1,4 +1,8 @@
-//! Opens the store the configuration names, as an `Arc<dyn Store>`.
+//! Opens the store the configuration names, as an `Arc<dyn Store>`, and runs the store
+//! maintenance commands (`idem store migrate|sweep`).
+//!
+//! The memory store is always built in; the others are cargo features of this crate
+//! (`redis`, `postgres`, `redb`), so the default build compiles no database client.
 
 use std::sync::Arc;
 
@@ -8,11 +12,11 @@ use idem_store_memory::MemoryStore;
 use crate::commands::Failure;
 use crate::config::{ConfigError, StoreConfig, StoreSpec};
 
-/// Opens (connects to) the store.
+/// Opens (connects to) the store. A PostgreSQL store applies its migrations on connect.
 ///
 /// # Errors
-/// [`Failure::Config`] (exit 2) when this build has no such store; [`Failure::Runtime`] when
-/// the store cannot be reached.
+/// [`Failure::Config`] (exit 2) when this build has no such store or the store refuses its
+/// settings; [`Failure::Runtime`] when the store cannot be reached.
 pub async fn open(config: &StoreConfig) -> Result<Arc<dyn Store>, Failure> {
     match &config.spec {
         StoreSpec::Memory => Ok(Arc::new(
@@ -20,8 +24,156 @@ pub async fn open(config: &StoreConfig) -> Result<Arc<dyn Store>, Failure> {
                 .capacity(config.memory_capacity)
                 .build(),
         )),
+        #[cfg(feature = "redis")]
+        StoreSpec::Redis(url) => {
+            let settings = redis::settings(url, &config.namespace)?;
+            let store = idem_store_redis::RedisStore::connect(settings)
+                .await
+                .map_err(|err| unreachable(&config.spec, &err))?;
+            Ok(Arc::new(store))
+        }
+        #[cfg(feature = "redb")]
+        StoreSpec::Redb(path) => {
+            let store = idem_store_redb::RedbStore::open(path)
+                .map_err(|err| unreachable(&config.spec, &err))?;
+            Ok(Arc::new(store))
+        }
+        #[cfg(feature = "postgres")]
+        StoreSpec::Postgres(url) => {
+            let settings = postgres::settings(url, &config.namespace)?;
+            let store = idem_store_postgres::PostgresStore::connect(settings)
+                .await
+                .map_err(|err| unreachable(&config.spec, &err))?;
+            Ok(Arc::new(store))
+        }
+        // Reached only in builds without some store features.
+        #[allow(unreachable_patterns)]
         other => Err(Failure::Config(unavailable(other))),
     }
+}
+
+/// What `idem store migrate` or `idem store sweep` did, in one line.
+///
+/// # Errors
+/// [`Failure`]: the store cannot be opened or reached, or the step fails.
+pub async fn maintain(config: &StoreConfig, migrate: bool) -> Result<String, Failure> {
+    match (&config.spec, migrate) {
+        (StoreSpec::Memory, true) => {
+            Ok("the memory store has no schema: nothing to migrate".into())
+        }
+        (StoreSpec::Memory, false) => {
+            Ok("the memory store sweeps itself inside each gateway: nothing to sweep".into())
+        }
+        (StoreSpec::Redis(_), true) => {
+            Ok("the redis store needs no migration: its scripts load at connect".into())
+        }
+        (StoreSpec::Redis(_), false) => {
+            Ok("the redis store expires records by TTL: nothing to sweep".into())
+        }
+        (StoreSpec::Redb(_), true) => {
+            Ok("the redb store needs no migration: the file is created and checked on open".into())
+        }
+        #[cfg(feature = "redb")]
+        (StoreSpec::Redb(path), false) => {
+            let store = idem_store_redb::RedbStore::open(path)
+                .map_err(|err| unreachable(&config.spec, &err))?;
+            let removed = store
+                .sweep()
+                .await
+                .map_err(|err| unreachable(&config.spec, &err))?;
+            Ok(format!("removed {removed} expired record(s)"))
+        }
+        #[cfg(feature = "postgres")]
+        (StoreSpec::Postgres(url), true) => {
+            let settings = postgres::settings(url, &config.namespace)?;
+            let report = idem_store_postgres::migrate(&settings)
+                .await
+                .map_err(|err| unreachable(&config.spec, &err))?;
+            Ok(if report.applied.is_empty() {
+                format!(
+                    "schema {}: up to date at version {}",
+                    report.schema, report.version
+                )
+            } else {
+                format!(
+                    "schema {}: applied migration(s) {:?}, now at version {}",
+                    report.schema, report.applied, report.version
+                )
+            })
+        }
+        #[cfg(feature = "postgres")]
+        (StoreSpec::Postgres(url), false) => {
+            let settings = postgres::settings(url, &config.namespace)?;
+            let store = idem_store_postgres::PostgresStore::connect(settings)
+                .await
+                .map_err(|err| unreachable(&config.spec, &err))?;
+            let removed = store
+                .sweep()
+                .await
+                .map_err(|err| unreachable(&config.spec, &err))?;
+            Ok(format!("removed {removed} expired record(s)"))
+        }
+        #[allow(unreachable_patterns)]
+        (other, _) => Err(Failure::Config(unavailable(other))),
+    }
+}
+
+#[cfg(feature = "redis")]
+mod redis {
+    use idem_store_redis::RedisConfig;
+
+    use crate::commands::Failure;
+    use crate::config::ConfigError;
+
+    /// The store's settings: one server, or a Cluster for `redis+cluster://h1:p1,h2:p2`.
+    pub(super) fn settings(url: &str, namespace: &str) -> Result<RedisConfig, Failure> {
+        let refused = |err: idem_store_redis::ConfigError| {
+            Failure::Config(ConfigError::new(Some("store".to_owned()), err.to_string()))
+        };
+        let config = match url.split_once("+cluster://") {
+            Some((scheme, nodes)) => {
+                let (authority, rest) = nodes.split_at(nodes.find('/').unwrap_or(nodes.len()));
+                let (userinfo, hosts) = match authority.rsplit_once('@') {
+                    Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
+                    None => (String::new(), authority),
+                };
+                let seeds = hosts
+                    .split(',')
+                    .map(|host| format!("{scheme}://{userinfo}{host}{rest}"));
+                RedisConfig::cluster(seeds).map_err(refused)?
+            }
+            None => RedisConfig::new(url).map_err(refused)?,
+        };
+        config.with_namespace(namespace).map_err(refused)
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use idem_store_postgres::PostgresConfig;
+
+    use crate::commands::Failure;
+    use crate::config::ConfigError;
+
+    /// The store's settings: the URL, and the namespace as the schema.
+    pub(super) fn settings(url: &str, namespace: &str) -> Result<PostgresConfig, Failure> {
+        let refused = |err: idem_store_postgres::ConfigError| {
+            Failure::Config(ConfigError::new(Some("store".to_owned()), err.to_string()))
+        };
+        PostgresConfig::new(url)
+            .map_err(refused)?
+            .with_schema(namespace)
+            .map_err(refused)
+    }
+}
+
+/// The store cannot be reached or failed: exit 1.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "redis", feature = "redb")),
+    allow(dead_code)
+)]
+fn unreachable(spec: &StoreSpec, err: &dyn std::fmt::Display) -> Failure {
+    Failure::runtime(format!("store {spec}: {err}"))
 }
 
 /// The error for a store this build cannot open.

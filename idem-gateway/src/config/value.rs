@@ -118,7 +118,8 @@ impl<'de> Deserialize<'de> for ByteSize {
 pub enum StoreSpec {
     /// In this process (`memory`): gone when it exits, not shared between gateways.
     Memory,
-    /// A Redis server (`redis://HOST[:PORT][/DB]`, `rediss://` for TLS).
+    /// A Redis server (`redis://HOST[:PORT][/DB]`, `rediss://` for TLS), or a Redis Cluster
+    /// (`redis+cluster://HOST:PORT,HOST:PORT`, any nodes of it as seeds).
     Redis(String),
     /// A PostgreSQL database (`postgres://USER@HOST[:PORT]/DB`).
     Postgres(String),
@@ -139,8 +140,7 @@ impl StoreSpec {
     }
 }
 
-const STORE_FORMS: &str =
-    "expected memory, redis://HOST[:PORT][/DB], postgres://USER@HOST[:PORT]/DB or redb:PATH";
+const STORE_FORMS: &str = "expected memory, redis://HOST[:PORT][/DB], redis+cluster://HOST:PORT,HOST:PORT, postgres://USER@HOST[:PORT]/DB or redb:PATH";
 
 /// Checks the authority of a URL (`[user[:password]@]host[:port]`): a host, and a port that is a
 /// number from 1 to 65535.
@@ -201,6 +201,17 @@ impl FromStr for StoreSpec {
         match scheme {
             "redis" | "rediss" => {
                 check_authority(text, rest)?;
+                Ok(StoreSpec::Redis(text.to_owned()))
+            }
+            "redis+cluster" | "rediss+cluster" => {
+                let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+                let (userinfo, hosts) = match authority.rsplit_once('@') {
+                    Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
+                    None => (String::new(), authority),
+                };
+                for host in hosts.split(',') {
+                    check_authority(text, &format!("{userinfo}{host}{path}"))?;
+                }
                 Ok(StoreSpec::Redis(text.to_owned()))
             }
             "postgres" | "postgresql" => {

@@ -286,3 +286,21 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// An `idem serve` process: `args` after `serve`; waits for its "listening on" line.
+pub fn spawn_gateway(args: &[&str]) -> (Proc, SocketAddr) {
+    let mut command = Command::new(idem_bin());
+    command
+        .arg("serve")
+        .args(args)
+        .stdout(Stdio::piped())
+        .env("RUST_LOG", "warn");
+    for (name, _) in std::env::vars() {
+        if name.starts_with("IDEM_") {
+            command.env_remove(name);
+        }
+    }
+    let mut child = command.spawn().unwrap();
+    let addr = read_until(&mut child, "listening on").parse().unwrap();
+    (Proc { child }, addr)
+}

@@ -1,0 +1,145 @@
+//! End-to-end on the PostgreSQL store (feature `postgres`): the gateway records in a fresh
+//! schema, and the admin commands (`idem keys`, `idem store`) see and change those records.
+//! A missing server skips loudly, and fails under CI=true.
+
+#![cfg(feature = "postgres")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::process::Command;
+
+use common::{Fixture, Http, config};
+use idem_gateway::commands::start;
+use idem_store_postgres::tokio_postgres::{self, NoTls};
+use idem_testkit::probe::{require_tcp, service_url};
+
+fn url() -> String {
+    service_url(
+        "IDEM_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    )
+}
+
+fn host_port(url: &str) -> String {
+    let config: tokio_postgres::Config = url.parse().unwrap();
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        _ => "127.0.0.1".to_owned(),
+    };
+    format!(
+        "{host}:{}",
+        config.get_ports().first().copied().unwrap_or(5432)
+    )
+}
+
+/// Drops the test's schema at the end.
+struct Schema(String);
+
+impl Drop for Schema {
+    fn drop(&mut self) {
+        let (url, name) = (url(), self.0.clone());
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let (client, connection) = tokio_postgres::connect(&url, NoTls).await?;
+                tokio::spawn(connection);
+                client
+                    .batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"))
+                    .await
+            })
+        })
+        .join();
+    }
+}
+
+/// Runs `idem ARGS --config FILE` and returns (exit code, stdout).
+fn idem(config_file: &std::path::Path, args: &[&str]) -> (i32, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .arg("--config")
+        .arg(config_file)
+        .env_remove("IDEM_STORE")
+        .env_remove("IDEM_CONFIG")
+        .output()
+        .unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned()
+            + &String::from_utf8_lossy(&output.stderr),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_and_store_commands_see_what_the_gateway_recorded() {
+    let url = url();
+    if !require_tcp("PostgreSQL", &host_port(&url)) {
+        return;
+    }
+    let name = format!("idem_gw_{:016x}", rand_u64());
+    let _schema = Schema(name.clone());
+    let store_section = format!("[store]\nurl = \"{url}\"\nnamespace = \"{name}\"\n");
+    let file = std::env::temp_dir().join(format!("{name}.toml"));
+    std::fs::write(&file, &store_section).unwrap();
+
+    let (code, out) = idem(&file, &["store", "migrate", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("\"command\":\"migrate\""), "{out}");
+
+    let fixture = Fixture::start();
+    let config = config(fixture.addr, &store_section);
+    let running = start(&config, None, std::future::pending()).await.unwrap();
+    let gateway = format!("http://{}", running.listen);
+    let http = Http::new();
+    let first = http
+        .post_key(&format!("{gateway}/echo"), "order-7", "7 EUR")
+        .await;
+    assert_eq!(first.status, 201);
+    assert!(
+        http.post_key(&format!("{gateway}/echo"), "order-7", "7 EUR")
+            .await
+            .replayed()
+    );
+
+    let (code, out) = idem(&file, &["keys", "list", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let list: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(list.as_array().unwrap().len(), 1, "{out}");
+    assert_eq!(list[0]["key"], "order-7");
+    assert_eq!(list[0]["state"], "completed");
+    assert_eq!(list[0]["status"], 201);
+
+    let (_, out) = idem(&file, &["keys", "list", "--state", "in_flight", "--json"]);
+    assert_eq!(out.lines().next().unwrap(), "[]");
+    let (_, out) = idem(&file, &["keys", "list", "--older-than", "1h", "--json"]);
+    assert_eq!(out.lines().next().unwrap(), "[]");
+    let (code, out) = idem(&file, &["keys", "list", "--state", "done"]);
+    assert_eq!(code, 2, "{out}");
+
+    let (code, out) = idem(&file, &["keys", "get", "order-7", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let record: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(record["attempt"], 1);
+
+    let (code, out) = idem(&file, &["keys", "delete", "order-7", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("\"deleted\":true"), "{out}");
+    // Deleted: the next request runs again.
+    let again = http
+        .post_key(&format!("{gateway}/echo"), "order-7", "7 EUR")
+        .await;
+    assert!(!again.replayed());
+    assert_eq!(fixture.count().await, 2);
+
+    let (code, out) = idem(&file, &["store", "sweep"]);
+    assert_eq!(code, 0, "{out}");
+    running.stop().await.unwrap();
+}
+
+fn rand_u64() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::process::id())
+}

@@ -1,0 +1,46 @@
+//! End-to-end on the redb store (feature `redb`): a stored response survives a gateway killed
+//! with `kill -9` and started again on the same file.
+
+#![cfg(feature = "redb")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::{Fixture, Http, spawn_gateway};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_stored_in_redb_is_replayed_after_kill_9_and_restart() {
+    let fixture = Fixture::start();
+    let dir = std::env::temp_dir().join(format!("idem-gw-redb-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = format!("redb:{}", dir.join("records.redb").display());
+    let upstream = format!("http://{}", fixture.addr);
+    let args = [
+        "--store",
+        &store,
+        "--upstream",
+        &upstream,
+        "--listen",
+        "127.0.0.1:0",
+        "--no-admin",
+    ];
+    let http = Http::new();
+
+    let (mut first, addr) = spawn_gateway(&args);
+    let reply = http
+        .post_key(&format!("http://{addr}/echo"), "durable", "kept")
+        .await;
+    assert_eq!(reply.status, 201);
+    first.child.kill().unwrap();
+    let _ = first.child.wait();
+
+    let (_second, addr) = spawn_gateway(&args);
+    let replay = http
+        .post_key(&format!("http://{addr}/echo"), "durable", "kept")
+        .await;
+    assert!(replay.replayed(), "{}", replay.status);
+    assert_eq!(replay.text(), "kept");
+    assert_eq!(fixture.count().await, 1);
+    drop(_second);
+    let _ = std::fs::remove_dir_all(&dir);
+}
