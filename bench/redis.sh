@@ -15,6 +15,8 @@ cd "$(dirname "$0")/.."
 
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-5}
 TASKS=${TASKS:-"1 16 64"}
+# Each figure is the best of this many runs (a shared machine is noisy; both sides alike).
+REPEAT=${REPEAT:-3}
 
 for tool in redis-server redis-cli redis-benchmark; do
     if ! command -v "$tool" >/dev/null 2>&1; then
@@ -57,16 +59,21 @@ bench="$target_dir/release/examples/claim_complete"
 
 sha=$(redis-cli -h "$host" -p "$port" script load "return redis.call('EXISTS', KEYS[1])")
 server_version=$(redis-cli -h "$host" -p "$port" info server | sed -n 's/^redis_version:\(.*\)\r$/\1/p')
-echo "server: redis $server_version at $host:$port; $(nproc) cores; ${SECONDS_PER_RUN}s per run"
+echo "server: redis $server_version at $host:$port; $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); ${SECONDS_PER_RUN}s per run, best of $REPEAT"
 printf '%-6s %14s %16s %14s %10s\n' tasks "cycles/s" "EVALSHA/s" "ceiling" ratio
+max() { sort -g | tail -n 1; }
 for tasks in $TASKS; do
-    cycles=$("$bench" --url "$REDIS_URL" --tasks "$tasks" --seconds "$SECONDS_PER_RUN" \
-        | sed -n 's/.*cycles_per_sec=\([0-9.]*\).*/\1/p')
-    # As many EVALSHA requests as it can do in about the same time.
-    requests=$(awk -v c="$cycles" -v s="$SECONDS_PER_RUN" 'BEGIN { n = c * 2 * s * 2; if (n < 20000) n = 20000; printf "%d", n }')
-    evalsha=$(redis-benchmark -h "$host" -p "$port" -c "$tasks" -n "$requests" -r 100000 -q \
-            EVALSHA "$sha" 1 "bench:key:__rand_int__" \
-        | tr '\r' '\n' | sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p' | tail -n 1)
+    cycles=$(for _ in $(seq "$REPEAT"); do
+        "$bench" --url "$REDIS_URL" --tasks "$tasks" --seconds "$SECONDS_PER_RUN" \
+            | sed -n 's/.*cycles_per_sec=\([0-9.]*\).*/\1/p'
+    done | max)
+    # As many EVALSHA requests as it does in about the same time.
+    requests=$(awk -v c="$cycles" -v s="$SECONDS_PER_RUN" 'BEGIN { n = c * 2 * s * 3; if (n < 20000) n = 20000; printf "%d", n }')
+    evalsha=$(for _ in $(seq "$REPEAT"); do
+        redis-benchmark -h "$host" -p "$port" -c "$tasks" -n "$requests" -r 100000 -q \
+                EVALSHA "$sha" 1 "bench:key:__rand_int__" \
+            | tr '\r' '\n' | sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p' | tail -n 1
+    done | max)
     awk -v t="$tasks" -v c="$cycles" -v e="$evalsha" 'BEGIN {
         ceiling = e / 2
         printf "%-6s %14.0f %16.0f %14.0f %10.2f\n", t, c, e, ceiling, c / ceiling

@@ -7,7 +7,9 @@
 //!     --url redis://127.0.0.1:6379 --tasks 16 --seconds 5
 //! ```
 //!
-//! Prints one line: `tasks=16 cycles=... seconds=... cycles_per_sec=...`.
+//! Prints one line: `tasks=16 cycles=... seconds=... cycles_per_sec=...`. `--threads N` sets
+//! the runtime's worker threads (default 1, like `redis-benchmark`); `--cluster` takes a
+//! comma-separated seed list as `--url`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,6 +23,7 @@ struct Args {
     tasks: usize,
     seconds: f64,
     cluster: bool,
+    threads: usize,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -29,6 +32,7 @@ fn parse_args() -> Result<Args, String> {
         tasks: 1,
         seconds: 5.0,
         cluster: false,
+        threads: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -40,18 +44,30 @@ fn parse_args() -> Result<Args, String> {
                 args.seconds = value()?.parse().map_err(|e| format!("--seconds: {e}"))?;
             }
             "--cluster" => args.cluster = true,
+            "--threads" => {
+                args.threads = value()?.parse().map_err(|e| format!("--threads: {e}"))?;
+            }
             other => return Err(format!("unknown argument {other}")),
         }
     }
-    if args.tasks == 0 || args.seconds.is_nan() || args.seconds <= 0.0 {
-        return Err("--tasks and --seconds must be positive".to_owned());
+    if args.threads == 0 || args.tasks == 0 || args.seconds.is_nan() || args.seconds <= 0.0 {
+        return Err("--threads, --tasks and --seconds must be positive".to_owned());
     }
     Ok(args)
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args()?;
+    // One runtime thread by default, like redis-benchmark: on a small machine the client then
+    // leaves the other cores to the server.
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.threads)
+        .enable_all()
+        .build()?
+        .block_on(run(args))
+}
+
+async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let namespace = format!("bench{}", std::process::id());
     let config = if args.cluster {
         RedisConfig::cluster(args.url.split(','))?

@@ -214,6 +214,12 @@ async fn a_killed_server_is_unavailable_then_the_same_store_recovers() {
                 "round {round}, {op} while the server is down: {err:?}"
             );
             assert!(err.as_ref().is_some_and(StoreError::is_retryable));
+            if round == 0 {
+                eprintln!(
+                    "server down: {op} answered {} in {took:?}",
+                    err.as_ref().map_or("nothing", StoreError::kind)
+                );
+            }
             assert!(
                 took <= timeout + slack,
                 "round {round}, {op} took {took:?}, over the timeout of {timeout:?}"
