@@ -57,6 +57,12 @@
 //!
 //! Retention is the key's TTL: a record's key expires one fence memory after the record does.
 //!
+//! # Scans
+//! [`Store::scan`] walks `SCAN` over the namespace (every primary of a Cluster in turn) and
+//! reads each batch's records in one pipeline. A page that ends in the middle of a batch carries
+//! the rest of it in its cursor, so no `SCAN` cursor is sent twice and a record present for the
+//! whole scan is returned exactly once.
+//!
 //! # Errors and reconnects
 //! Every operation is bounded by the command timeout ([`StoreError::Timeout`]); a refused or
 //! lost connection is [`StoreError::Unavailable`]. The store reconnects by itself: the same

@@ -1,14 +1,12 @@
 //! `scan`: pages through a namespace with `SCAN`, node by node on a Cluster.
 //!
 //! A page walks `SCAN ... MATCH idem:{<namespace>:*` batches; each batch's records are read in
-//! one pipeline of `get` scripts (so expiry is judged by the node's own clock), filtered by the
-//! query, and returned up to the page size. The cursor names the node, the `SCAN` cursor of the
-//! batch, and the last Redis key returned from that batch (batches are sorted by key), so a page
-//! that stops in the middle of a batch resumes right after its last record.
-//!
-//! The guarantees are `SCAN`'s: a record that exists for the whole scan is returned; one that
-//! is created or removed meanwhile may or may not be, and a keyspace that shrinks while you page
-//! may return a record twice.
+//! one pipeline of `get` scripts (so expiry is judged by the node's own clock) and filtered by
+//! the query. A `SCAN` cursor is never sent twice: when a batch holds more matching records
+//! than the page has room for, the Redis keys of the rest travel in the page's cursor and are
+//! read first by the next page. So a record is returned once, under `SCAN`'s own guarantees: a
+//! record that exists for the whole scan is returned; one created or removed meanwhile may or
+//! may not be.
 
 use idem_core::{Record, ScanPage, ScanQuery, StoreError};
 
@@ -18,15 +16,16 @@ use crate::layout;
 use crate::scripts::{GET_SOURCE, Reply, SCRIPTS};
 use crate::store::RedisStore;
 
-/// How many keys one `SCAN` call looks at (a hint to Redis).
-const SCAN_COUNT: usize = 256;
+/// The `SCAN ... COUNT` hint: the page size, within these bounds.
+const SCAN_COUNT: (usize, usize) = (16, 1000);
 
-/// Where a scan stands.
+/// Where a scan stands: on which node, where its `SCAN` goes on (`None`: that node's `SCAN`
+/// is done), and the keys of matching records a full page left over.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Cursor {
     node: Node,
-    scan: u64,
-    after: Option<String>,
+    scan: Option<u64>,
+    pending: Vec<String>,
 }
 
 impl Cursor {
@@ -35,113 +34,122 @@ impl Cursor {
             .node
             .as_ref()
             .map_or(("", 0), |(host, port)| (host.as_str(), *port));
-        format!(
-            "1|{host}|{port}|{}|{}",
-            self.scan,
-            self.after.as_deref().unwrap_or("")
-        )
+        let scan = self.scan.map_or_else(|| "-".to_owned(), |c| c.to_string());
+        format!("2|{host}|{port}|{scan}|{}", self.pending.join(","))
     }
 
-    fn decode(text: &str) -> Option<Cursor> {
+    /// Decodes a cursor of `namespace`; every pending key must be one of its record keys.
+    fn decode(text: &str, namespace: &str) -> Option<Cursor> {
         let mut parts = text.splitn(5, '|');
-        if parts.next()? != "1" {
+        if parts.next()? != "2" {
             return None;
         }
         let host = parts.next()?;
         let port: u16 = parts.next()?.parse().ok()?;
-        let scan = parts.next()?.parse().ok()?;
-        let after = parts.next()?;
+        let scan = match parts.next()? {
+            "-" => None,
+            number => Some(number.parse().ok()?),
+        };
+        let prefix = layout::scan_pattern(namespace);
+        let prefix = prefix.strip_suffix('*')?;
+        let pending: Vec<String> = parts
+            .next()?
+            .split(',')
+            .filter(|k| !k.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if !pending
+            .iter()
+            .all(|k| k.starts_with(prefix) && k.ends_with('}'))
+        {
+            return None;
+        }
         Some(Cursor {
             node: (!host.is_empty()).then(|| (host.to_owned(), port)),
             scan,
-            after: (!after.is_empty()).then(|| after.to_owned()),
+            pending,
         })
     }
 }
 
 pub(crate) async fn scan(store: &RedisStore, query: &ScanQuery) -> Result<ScanPage, StoreError> {
+    let namespace = &store.inner.config.namespace;
     let start = match &query.cursor {
-        Some(text) => Some(Cursor::decode(text).ok_or_else(|| StoreError::Backend {
-            source: format!("not a cursor of this store: {text:?}").into(),
-            retryable: false,
-        })?),
+        Some(text) => Some(
+            Cursor::decode(text, namespace).ok_or_else(|| StoreError::Backend {
+                source: format!("not a scan cursor of this store: {text:?}").into(),
+                retryable: false,
+            })?,
+        ),
         None => None,
     };
     let mut conn = store.inner.conn.clone();
     let nodes = store.bounded("scan", conn.scan_nodes()).await?;
     let limit = query.page_size();
-    let pattern = layout::scan_pattern(&store.inner.config.namespace);
-    let mut records: Vec<Record> = Vec::new();
+    let count = limit.clamp(SCAN_COUNT.0, SCAN_COUNT.1);
+    let pattern = layout::scan_pattern(namespace);
+    let mut records: Vec<Record> = Vec::with_capacity(limit);
 
-    // Resume on the cursor's node, or the next one after it if it is gone.
-    let first = match &start {
-        Some(cursor) => nodes
+    // Resume on the cursor's node, or from the start of the next one if it is gone.
+    let first = start.as_ref().map_or(0, |cursor| {
+        nodes
             .iter()
             .position(|node| *node >= cursor.node)
-            .unwrap_or(nodes.len()),
-        None => 0,
-    };
+            .unwrap_or(nodes.len())
+    });
     for (index, node) in nodes.iter().enumerate().skip(first) {
-        let (mut scan_cursor, mut after) = match &start {
-            Some(cursor) if cursor.node == *node => (cursor.scan, cursor.after.clone()),
-            _ => (0, None),
+        let (mut scan_cursor, mut pending) = match &start {
+            Some(cursor) if cursor.node == *node => (cursor.scan, cursor.pending.clone()),
+            _ => (Some(0), Vec::new()),
         };
         loop {
-            let mut cmd = redis::cmd("SCAN");
-            cmd.arg(scan_cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(SCAN_COUNT);
-            let reply = store.bounded("scan", conn.command_on(node, cmd)).await?;
-            let (next, mut keys): (u64, Vec<String>) =
-                redis::from_redis_value(reply).map_err(|err| StoreError::Backend {
-                    source: Box::new(err),
-                    retryable: false,
-                })?;
-            keys.sort_unstable();
-            keys.dedup();
-            if let Some(after) = &after {
-                keys.retain(|k| k > after);
-            }
+            let keys = if pending.is_empty() {
+                let Some(from) = scan_cursor else { break };
+                let mut cmd = redis::cmd("SCAN");
+                cmd.arg(from)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(count);
+                let reply = store.bounded("scan", conn.command_on(node, cmd)).await?;
+                let (next, mut keys): (u64, Vec<String>) =
+                    redis::from_redis_value(reply).map_err(|err| StoreError::Backend {
+                        source: Box::new(err),
+                        retryable: false,
+                    })?;
+                scan_cursor = (next != 0).then_some(next);
+                keys.sort_unstable();
+                keys.dedup();
+                keys
+            } else {
+                std::mem::take(&mut pending)
+            };
             let batch = read_records(store, &mut conn, node, &keys).await?;
-            for (position, (key, record)) in keys.iter().zip(batch).enumerate() {
-                let Some(record) = record else { continue };
-                if !query.matches(&record.0, record.1) {
-                    continue;
-                }
-                records.push(record.0);
-                if records.len() == limit {
-                    let next_cursor = if position + 1 < keys.len() {
-                        Some(Cursor {
-                            node: node.clone(),
-                            scan: scan_cursor,
-                            after: Some(key.clone()),
-                        })
-                    } else if next != 0 {
-                        Some(Cursor {
-                            node: node.clone(),
-                            scan: next,
-                            after: None,
-                        })
-                    } else {
-                        nodes.get(index + 1).map(|node| Cursor {
-                            node: node.clone(),
-                            scan: 0,
-                            after: None,
-                        })
-                    };
-                    return Ok(ScanPage {
-                        records,
-                        next_cursor: next_cursor.map(|c| c.encode()),
-                    });
-                }
+            let mut matching = keys.into_iter().zip(batch).filter_map(|(key, found)| {
+                found.and_then(|(record, now)| query.matches(&record, now).then_some((key, record)))
+            });
+            let room = limit - records.len();
+            records.extend(matching.by_ref().take(room).map(|(_, record)| record));
+            let left: Vec<String> = matching.map(|(key, _)| key).collect();
+            if records.len() == limit {
+                let next = if !left.is_empty() || scan_cursor.is_some() {
+                    Some(Cursor {
+                        node: node.clone(),
+                        scan: scan_cursor,
+                        pending: left,
+                    })
+                } else {
+                    nodes.get(index + 1).map(|node| Cursor {
+                        node: node.clone(),
+                        scan: Some(0),
+                        pending: Vec::new(),
+                    })
+                };
+                return Ok(ScanPage {
+                    records,
+                    next_cursor: next.map(|c| c.encode()),
+                });
             }
-            if next == 0 {
-                break;
-            }
-            scan_cursor = next;
-            after = None;
         }
     }
     Ok(ScanPage {
@@ -238,18 +246,26 @@ mod tests {
         for cursor in [
             Cursor {
                 node: None,
-                scan: 0,
-                after: None,
+                scan: Some(0),
+                pending: Vec::new(),
             },
             Cursor {
                 node: Some(("::1".to_owned(), 7000)),
-                scan: 1234,
-                after: Some("idem:{n:a%7C:0123}".to_owned()),
+                scan: None,
+                pending: vec!["idem:{n:a%7C:01}".to_owned(), "idem:{n::02}".to_owned()],
+            },
+            Cursor {
+                node: None,
+                scan: Some(1234),
+                pending: vec!["idem:{n::03}".to_owned()],
             },
         ] {
-            assert_eq!(Cursor::decode(&cursor.encode()), Some(cursor));
+            assert_eq!(Cursor::decode(&cursor.encode(), "n"), Some(cursor));
         }
-        assert_eq!(Cursor::decode("garbage"), None);
-        assert_eq!(Cursor::decode("1|h|99999|0|"), None);
+        assert_eq!(Cursor::decode("garbage", "n"), None);
+        assert_eq!(Cursor::decode("2|h|99999|0|", "n"), None);
+        // A cursor cannot make the store read keys outside its namespace.
+        assert_eq!(Cursor::decode("2||0|-|idem:{other::01}", "n"), None);
+        assert_eq!(Cursor::decode("2||0|-|secret", "n"), None);
     }
 }
