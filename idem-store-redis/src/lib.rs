@@ -60,8 +60,9 @@
 //! # Scans
 //! [`Store::scan`] walks `SCAN` over the namespace (every primary of a Cluster in turn) and
 //! reads each batch's records in one pipeline. A page that ends in the middle of a batch carries
-//! the rest of it in its cursor, so no `SCAN` cursor is sent twice and a record present for the
-//! whole scan is returned exactly once.
+//! the rest of it in its cursor, so no `SCAN` cursor is sent twice: a record present for the
+//! whole scan is returned, and only once unless `SCAN` itself repeats it (which Redis allows
+//! when the keyspace shrinks while you page).
 //!
 //! # Errors and reconnects
 //! Every operation is bounded by the command timeout ([`StoreError::Timeout`]); a refused or

@@ -4,9 +4,9 @@
 //! one pipeline of `get` scripts (so expiry is judged by the node's own clock) and filtered by
 //! the query. A `SCAN` cursor is never sent twice: when a batch holds more matching records
 //! than the page has room for, the Redis keys of the rest travel in the page's cursor and are
-//! read first by the next page. So a record is returned once, under `SCAN`'s own guarantees: a
-//! record that exists for the whole scan is returned; one created or removed meanwhile may or
-//! may not be.
+//! read first by the next page. So the guarantees are `SCAN`'s own: a record that exists for
+//! the whole scan is returned; one created or removed meanwhile may or may not be; a record is
+//! returned twice only if `SCAN` repeats its key (when the keyspace shrinks meanwhile).
 
 use idem_core::{Record, ScanPage, ScanQuery, StoreError};
 
