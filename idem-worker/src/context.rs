@@ -1,6 +1,6 @@
 //! [`JobContext`]: what a guarded job knows about its claim.
 
-use idem_core::{Fence, IdempotencyKey, RecordKey};
+use idem_core::{Fence, IdempotencyKey, Lease, RecordKey};
 use tokio_util::sync::CancellationToken;
 
 /// Handed to the job: the key and fence to pass downstream, and a token that fires when the
@@ -18,6 +18,20 @@ pub struct JobContext {
 }
 
 impl JobContext {
+    /// The context of a job run under `lease` for delivery `delivery`, whose lease loss
+    /// `cancel` signals. The guard makes these; a variant of the guard (see
+    /// [`crate::JobGuard::answer`]) makes its own.
+    #[must_use]
+    pub fn new(lease: &Lease, delivery: u32, cancel: CancellationToken) -> Self {
+        JobContext {
+            key: lease.key.clone(),
+            fence: lease.fence,
+            lease_attempt: lease.attempt,
+            delivery,
+            cancel,
+        }
+    }
+
     /// The idempotency key of the job.
     #[must_use]
     pub fn key(&self) -> &IdempotencyKey {

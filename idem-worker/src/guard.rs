@@ -334,10 +334,32 @@ impl JobGuard {
         fingerprint: Fingerprint,
         delivery: u32,
     ) -> Admission<T> {
-        let inner = &self.inner;
         let delivery = delivery.max(1);
+        let span = self.span(key, delivery);
+        let request = self.claim_request(key, fingerprint);
+        let claimed = self
+            .inner
+            .labels
+            .store_op("claim", self.inner.store.claim(&request))
+            .instrument(span.clone())
+            .await;
+        match self.answer(&span, claimed, delivery) {
+            Ok(run) => Admission::Answered(run),
+            Err((lease, taken_over)) => Admission::Claimed(Claim {
+                held: Held::start(self.inner.clone(), lease, delivery),
+                taken_over,
+                span,
+            }),
+        }
+    }
+
+    /// The `idem_job` span of one delivery of `key`, with the fields of the crate
+    /// documentation. For a variant of the guard (see [`JobGuard::answer`]).
+    #[must_use]
+    pub fn span(&self, key: &IdempotencyKey, delivery: u32) -> Span {
+        let inner = &self.inner;
         let record_key = self.record_key(key);
-        let span = tracing::info_span!(
+        tracing::info_span!(
             "idem_job",
             idempotency_key = %KeyField { key: &record_key, redact: inner.redact_keys },
             job_type = %inner.labels.job_type,
@@ -349,17 +371,36 @@ impl JobGuard {
             state_after = field::Empty,
             outcome = field::Empty,
             disposition = field::Empty,
-        );
-        let request = ClaimRequest::new(record_key.clone(), fingerprint, inner.lease);
-        let claimed = inner
-            .labels
-            .store_op("claim", inner.store.claim(&request))
-            .instrument(span.clone())
-            .await;
+        )
+    }
+
+    /// The claim request of `key`: the guard's scope and lease.
+    #[must_use]
+    pub fn claim_request(&self, key: &IdempotencyKey, fingerprint: Fingerprint) -> ClaimRequest {
+        ClaimRequest::new(self.record_key(key), fingerprint, self.inner.lease)
+    }
+
+    /// Turns the answer to a claim into a [`Run`], with its metrics and log line; an acquired
+    /// claim comes back as `Err((lease, taken_over))` for the caller to run.
+    ///
+    /// This and [`JobGuard::span`], [`JobGuard::claim_request`] and [`JobGuard::report`] are
+    /// the pieces of [`JobGuard::run_delivery`], for a variant of the guard that claims
+    /// somewhere else (inside a database transaction, as `idem-worker-postgres` does) and
+    /// answers the same way.
+    ///
+    /// # Errors
+    /// `Err((lease, taken_over))` when the claim was acquired: nothing is answered yet.
+    pub fn answer<T: DeserializeOwned>(
+        &self,
+        span: &Span,
+        claimed: Result<ClaimOutcome, StoreError>,
+        delivery: u32,
+    ) -> Result<Run<T>, (Lease, bool)> {
+        let inner = &self.inner;
         let finish = |outcome: Outcome<T>, disposition: Disposition, state: &'static str| {
             span.record("state_before", state);
             span.record("state_after", state);
-            Admission::Answered(inner.finish(&span, outcome, disposition))
+            Ok(inner.finish(span, outcome, disposition))
         };
         match claimed {
             Err(error) => {
@@ -430,14 +471,33 @@ impl JobGuard {
                     "state_before",
                     if taken_over { "in_flight" } else { "absent" },
                 );
-                tracing::debug!(parent: &span, taken_over, "claim acquired");
-                Admission::Claimed(Claim {
-                    held: Held::start(self.inner.clone(), lease, delivery),
-                    taken_over,
-                    span,
-                })
+                tracing::debug!(parent: span, taken_over, "claim acquired");
+                Err((lease, taken_over))
             }
         }
+    }
+
+    /// Ends a run: records `outcome` and `disposition` in `span`, the metrics and the log.
+    pub fn report<T>(&self, span: &Span, outcome: Outcome<T>, disposition: Disposition) -> Run<T> {
+        self.inner.finish(span, outcome, disposition)
+    }
+
+    /// The job type (the `job_type` label).
+    #[must_use]
+    pub fn job_type(&self) -> &str {
+        &self.inner.labels.job_type
+    }
+
+    /// How long results are kept.
+    #[must_use]
+    pub fn retention(&self) -> Duration {
+        self.inner.retention
+    }
+
+    /// How long permanent failures are kept.
+    #[must_use]
+    pub fn failure_retention(&self) -> Duration {
+        self.inner.failure_retention
     }
 }
 
@@ -542,13 +602,11 @@ impl Claim {
     /// The context the job will get.
     #[must_use]
     pub fn context(&self) -> JobContext {
-        JobContext {
-            key: self.held.lease.key.clone(),
-            fence: self.held.lease.fence,
-            lease_attempt: self.held.lease.attempt,
-            delivery: self.held.delivery,
-            cancel: self.held.cancel.clone(),
-        }
+        JobContext::new(
+            &self.held.lease,
+            self.held.delivery,
+            self.held.cancel.clone(),
+        )
     }
 
     /// Gives the key back without running anything.
@@ -587,10 +645,7 @@ impl Claim {
     {
         let ctx = self.context();
         let started = Instant::now();
-        let returned = match std::panic::catch_unwind(AssertUnwindSafe(|| job(ctx))) {
-            Ok(future) => CatchUnwind(Box::pin(future)).await,
-            Err(panic) => Err(panic),
-        };
+        let returned = catch_unwind(|| job(ctx)).await;
         let inner = self.held.inner.clone();
         inner.labels.job_seconds(started.elapsed().as_secs_f64());
         // The job is over: no more heartbeats, whatever the settle below does.
@@ -622,9 +677,8 @@ impl Claim {
                     }
                 }
             }
-            Err(panic) => {
+            Err(message) => {
                 inner.labels.failure("panic");
-                let message = panic_message(panic.as_ref());
                 self.release_after(RunError::Panicked(message)).await
             }
         };
@@ -883,6 +937,23 @@ async fn heartbeat(
             }
         }
     }
+}
+
+/// Creates the future with `make` and runs it, catching a panic in either step: `Err` holds
+/// the panic's message. The guard runs jobs through this; a variant of the guard can too.
+///
+/// # Errors
+/// The message of the panic.
+pub async fn catch_unwind<F, Fut>(make: F) -> Result<Fut::Output, String>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future,
+{
+    let caught = match std::panic::catch_unwind(AssertUnwindSafe(make)) {
+        Ok(future) => CatchUnwind(Box::pin(future)).await,
+        Err(panic) => Err(panic),
+    };
+    caught.map_err(|panic| panic_message(panic.as_ref()))
 }
 
 /// Catches a panic while polling the job's future.

@@ -89,7 +89,7 @@ mod retry;
 
 pub use context::JobContext;
 pub use error::{ErrorClass, JobError, ResultExt};
-pub use guard::{Admission, Claim, ConfigError, JobGuard, JobGuardBuilder};
+pub use guard::{Admission, Claim, ConfigError, JobGuard, JobGuardBuilder, catch_unwind};
 pub use outcome::{Outcome, Run, RunError};
 pub use retry::{Disposition, RetryPolicy, RetryPolicyError};
 
