@@ -214,6 +214,9 @@ impl PostgresStore {
     /// binding) only when `tx` commits, together with the caller's own writes; a rollback
     /// undoes it. While `tx` is open, other claims of the same key wait for it.
     ///
+    /// `tx` must run at `READ COMMITTED` (PostgreSQL's default): a claim that lost a race
+    /// re-reads the record, which a repeatable-read snapshot would not show.
+    ///
     /// # Errors
     /// As [`Store::claim`].
     pub async fn claim_in(

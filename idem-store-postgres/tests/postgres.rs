@@ -316,3 +316,34 @@ async fn an_unmigrated_schema_is_a_clear_error() {
         "{err:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_over_its_timeout_is_a_timeout() {
+    let Some(h) = PgHarness::new().await else {
+        return;
+    };
+    let req = request("slow");
+    // An open transaction holds the key's row lock...
+    let mut client = h.store.pool().get().await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    assert!(matches!(
+        h.store.claim_in(&tx, &req).await.unwrap(),
+        ClaimOutcome::Acquired { .. }
+    ));
+    // ...so a claim from a store with a short timeout waits past it.
+    let config = PostgresConfig::new(&url())
+        .unwrap()
+        .with_schema(&h.schema.name)
+        .unwrap()
+        .with_op_timeout(Duration::from_millis(300));
+    let impatient = PostgresStore::connect(config).await.unwrap();
+    let started = std::time::Instant::now();
+    let err = impatient.claim(&req).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::Timeout { op: "claim", .. }),
+        "{err:?}"
+    );
+    assert!(err.is_retryable());
+    assert!(started.elapsed() < Duration::from_secs(3));
+    tx.rollback().await.unwrap();
+}

@@ -28,6 +28,8 @@ use idem_core::{
 
 /// The format version this build writes.
 pub(crate) const FORMAT: u8 = 1;
+/// Where the fence sits, so a removal reads it without decoding the record.
+const FENCE: usize = 50;
 /// Where `expires_at` sits, so the sweep reads it without decoding the record.
 const EXPIRES_AT: usize = 78;
 const FIXED_LEN: usize = 87;
@@ -240,14 +242,24 @@ fn parse(key: &RecordKey, raw: &[u8]) -> Result<Record, String> {
     })
 }
 
-/// `expires_at` of a stored record, read without decoding it (`None` if it is not a record of
-/// a known format).
-pub(crate) fn expires_at(raw: &[u8]) -> Option<Timestamp> {
+/// The `u64` at `offset` of a stored record, read without decoding it (`None` if it is not a
+/// record of a known format).
+fn fixed_u64(raw: &[u8], offset: usize) -> Option<u64> {
     if raw.first() != Some(&FORMAT) || raw.len() < FIXED_LEN {
         return None;
     }
-    let bytes = raw.get(EXPIRES_AT..EXPIRES_AT + 8)?.try_into().ok()?;
-    Some(Timestamp::from_micros(u64::from_be_bytes(bytes)))
+    let bytes = raw.get(offset..offset + 8)?.try_into().ok()?;
+    Some(u64::from_be_bytes(bytes))
+}
+
+/// `expires_at` of a stored record, read without decoding it.
+pub(crate) fn expires_at(raw: &[u8]) -> Option<Timestamp> {
+    fixed_u64(raw, EXPIRES_AT).map(Timestamp::from_micros)
+}
+
+/// The fence of a stored record, read without decoding it.
+pub(crate) fn fence(raw: &[u8]) -> Option<u64> {
+    fixed_u64(raw, FENCE)
 }
 
 #[cfg(test)]
@@ -287,6 +299,7 @@ mod tests {
             let raw = encode_record(&record).unwrap();
             assert_eq!(decode_record(&key(), &raw).unwrap(), record);
             assert_eq!(expires_at(&raw), Some(record.expires_at));
+            assert_eq!(fence(&raw), Some(record.fence.get()));
         }
     }
 

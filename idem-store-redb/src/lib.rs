@@ -49,8 +49,8 @@
 //!
 //! A record whose retention ended counts as absent on every read. [`RedbStore::sweep`]
 //! (`idem store sweep`) removes expired records; [`RedbStore::compact`] gives their space back
-//! to the file system. Fences keep rising after a delete or a sweep: the file remembers the
-//! highest fence it ever granted.
+//! to the file system. Fences keep rising after a delete or a sweep: the file keeps a fence
+//! floor at or above the fence of every record it removed, and new grants start above it.
 //!
 //! # Encoding
 //!

@@ -21,9 +21,11 @@ use crate::codec;
 
 /// The records: table key (see [`codec::encode_key`]) to stored record.
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem_records");
-/// Store-wide values: the highest fence ever granted, the format version.
+/// Store-wide values: the fence floor, the format version.
 const META: TableDefinition<&str, u64> = TableDefinition::new("idem_meta");
-const LAST_FENCE: &str = "last_fence";
+/// At least the fence of every record ever removed: new grants start above it, so fences keep
+/// rising across a delete (a record that still exists carries its own fence).
+const FENCE_FLOOR: &str = "fence_floor";
 const FORMAT: &str = "format";
 
 /// The most operations one write transaction (one fsync) carries.
@@ -125,13 +127,14 @@ impl RedbStoreBuilder {
             builder.set_cache_size(bytes);
         }
         let db = builder.create(&path).map_err(storage)?;
-        let last_fence = prepare(&db, self.quick_repair)?;
+        let floor = prepare(&db, self.quick_repair)?;
         let db = Arc::new(RwLock::new(db));
         let (jobs, queue) = mpsc::channel();
         let writer = Writer {
             db: Arc::clone(&db),
             clock: Arc::clone(&self.clock),
-            last_fence,
+            last_fence: floor,
+            floor,
             quick_repair: self.quick_repair,
         };
         let writer = std::thread::Builder::new()
@@ -151,11 +154,11 @@ impl RedbStoreBuilder {
     }
 }
 
-/// Creates the tables of a new file, checks the format of an old one, and reads the highest
-/// fence ever granted.
+/// Creates the tables of a new file, checks the format of an old one, and reads the fence
+/// floor.
 fn prepare(db: &Database, quick_repair: bool) -> Result<u64, StoreError> {
     let txn = begin_write(db, quick_repair)?;
-    let last_fence = {
+    let floor = {
         let mut meta = txn.open_table(META).map_err(storage)?;
         let format = meta.get(FORMAT).map_err(storage)?.map(|v| v.value());
         match format {
@@ -175,12 +178,12 @@ fn prepare(db: &Database, quick_repair: bool) -> Result<u64, StoreError> {
                 });
             }
         }
-        let last = meta.get(LAST_FENCE).map_err(storage)?.map(|v| v.value());
+        let last = meta.get(FENCE_FLOOR).map_err(storage)?.map(|v| v.value());
         last.unwrap_or(0)
     };
     txn.open_table(RECORDS).map_err(storage)?;
     txn.commit().map_err(storage)?;
-    Ok(last_fence)
+    Ok(floor)
 }
 
 fn begin_write(db: &Database, quick_repair: bool) -> Result<redb::WriteTransaction, StoreError> {
@@ -196,6 +199,13 @@ fn begin_write(db: &Database, quick_repair: bool) -> Result<redb::WriteTransacti
 pub(crate) fn storage(err: impl Into<redb::Error>) -> StoreError {
     let err: redb::Error = err.into();
     match err {
+        // What redb answers for a file that is not a redb file.
+        redb::Error::Io(io) if io.kind() == std::io::ErrorKind::InvalidData => {
+            StoreError::Backend {
+                source: Box::new(io),
+                retryable: false,
+            }
+        }
         redb::Error::Io(_)
         | redb::Error::PreviousIo
         | redb::Error::DatabaseClosed
@@ -235,7 +245,10 @@ type Job = Box<dyn FnOnce(Option<&mut Batch<'_>>) -> Reply + Send>;
 struct Writer {
     db: Arc<RwLock<Database>>,
     clock: Arc<dyn Clock>,
+    /// The highest fence granted since the file was opened, or the floor.
     last_fence: u64,
+    /// The fence floor as committed.
+    floor: u64,
     quick_repair: bool,
 }
 
@@ -244,6 +257,7 @@ pub(crate) struct Batch<'t> {
     records: redb::Table<'t, &'static [u8], &'static [u8]>,
     clock: Arc<dyn Clock>,
     last_fence: u64,
+    floor: u64,
     dirty: bool,
     /// A storage error: the batch is aborted and every operation in it fails.
     broken: Option<StoreError>,
@@ -285,16 +299,23 @@ impl Writer {
                 );
             }
         };
-        let (replies, last_fence, dirty, broken) = {
+        let (replies, last_fence, floor, dirty, broken) = {
             let mut batch = Batch {
                 records,
                 clock: Arc::clone(&self.clock),
                 last_fence: self.last_fence,
+                floor: self.floor,
                 dirty: false,
                 broken: None,
             };
             let replies: Vec<Reply> = jobs.into_iter().map(|job| job(Some(&mut batch))).collect();
-            (replies, batch.last_fence, batch.dirty, batch.broken)
+            (
+                replies,
+                batch.last_fence,
+                batch.floor,
+                batch.dirty,
+                batch.broken,
+            )
         };
         if let Some(err) = broken {
             let _ = txn.abort();
@@ -306,14 +327,17 @@ impl Writer {
             return (replies, Ok(()));
         }
         let committed = (|| {
-            if last_fence > self.last_fence {
+            // Only a batch that removed records moves the floor (claims and completions write
+            // nothing but their record).
+            if floor > self.floor {
                 let mut meta = txn.open_table(META).map_err(storage)?;
-                meta.insert(LAST_FENCE, last_fence).map_err(storage)?;
+                meta.insert(FENCE_FLOOR, floor).map_err(storage)?;
             }
             txn.commit().map_err(storage)
         })();
         if committed.is_ok() {
             self.last_fence = last_fence;
+            self.floor = floor;
         }
         (replies, committed)
     }
@@ -340,7 +364,7 @@ impl Batch<'_> {
         let step = decide(
             existing.as_ref(),
             now,
-            Fence::new(self.last_fence).successor(),
+            Fence::new(self.last_fence.max(self.floor)).successor(),
         )?;
         match step.write {
             Write::Nothing => {}
@@ -361,7 +385,7 @@ impl Batch<'_> {
                 if let Err(err) = removed {
                     return Err(self.break_batch(storage(err)));
                 }
-                self.dirty = true;
+                self.removed(existing.map(|record| record.fence.get()));
             }
         }
         Ok(step.answer)
@@ -370,18 +394,17 @@ impl Batch<'_> {
     fn delete(&mut self, key: &RecordKey) -> Result<bool, StoreError> {
         let now = self.clock.now();
         let raw_key = codec::encode_key(key);
-        let removed = self
-            .records
-            .remove(raw_key.as_slice())
-            .map(|removed| removed.map(|raw| codec::expires_at(raw.value())));
+        let removed = self.records.remove(raw_key.as_slice()).map(|removed| {
+            removed.map(|raw| (codec::expires_at(raw.value()), codec::fence(raw.value())))
+        });
         let removed = match removed {
             Ok(removed) => removed,
             Err(err) => return Err(self.break_batch(storage(err))),
         };
-        let Some(expires_at) = removed else {
+        let Some((expires_at, fence)) = removed else {
             return Ok(false);
         };
-        self.dirty = true;
+        self.removed(fence);
         // A record that cannot be read counts as there: the operator removed something.
         Ok(expires_at.is_none_or(|at| now < at))
     }
@@ -392,15 +415,29 @@ impl Batch<'_> {
         let removed = self
             .records
             .extract_if(|_, raw| codec::expires_at(raw).is_some_and(|at| now >= at))
-            .map(|expired| expired.take(SWEEP_BATCH).filter(Result::is_ok).count());
+            .map(|expired| {
+                expired
+                    .take(SWEEP_BATCH)
+                    .filter_map(Result::ok)
+                    .map(|(_, raw)| codec::fence(raw.value()))
+                    .collect::<Vec<_>>()
+            });
         let removed = match removed {
             Ok(removed) => removed,
             Err(err) => return Err(self.break_batch(storage(err))),
         };
-        if removed > 0 {
-            self.dirty = true;
+        for &fence in &removed {
+            self.removed(fence);
         }
-        Ok(removed)
+        Ok(removed.len())
+    }
+
+    /// Records that a record with `fence` was removed (`None`: a record whose fence cannot be
+    /// read): the floor rises to it.
+    fn removed(&mut self, fence: Option<u64>) {
+        let fence = fence.unwrap_or(self.last_fence.max(self.floor));
+        self.floor = self.floor.max(fence);
+        self.dirty = true;
     }
 
     fn break_batch(&mut self, err: StoreError) -> StoreError {
