@@ -8,14 +8,19 @@
 #
 #   bench/http.sh                 # memory store, and Redis if `--store redis://` is accepted
 #   DURATION=30s bench/http.sh    # longer runs
-#   REDIS_URL=redis://127.0.0.1:6379 bench/http.sh
+#   REDIS_URL=redis://127.0.0.1:6379 bench/http.sh   # use that server instead of a private one
+#
+# Redis: unless REDIS_URL is set, the script starts a private redis-server on a free port (no
+# persistence) and stops it at the end, so the command counts see only this benchmark's traffic.
+# "Round trips per request" counts EVALSHA calls (every store operation is one script); the
+# commands the scripts run inside the server are counted apart.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DURATION=${DURATION:-10s}
 THREADS=${THREADS:-2}
 CONNECTIONS=${CONNECTIONS:-64}
-REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
+REDIS_URL=${REDIS_URL:-}
 
 if ! command -v wrk >/dev/null 2>&1; then
     echo "wrk not found: installing it from Debian's packages" >&2
@@ -28,8 +33,19 @@ target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_d
 fixture="$target_dir/release/idem-fixture"
 
 pid=""
+redis_pid=""
 cleanup() { if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi; }
-trap cleanup EXIT
+stop_redis() { if [ -n "$redis_pid" ]; then kill "$redis_pid" 2>/dev/null || true; wait "$redis_pid" 2>/dev/null || true; fi; }
+trap 'cleanup; stop_redis' EXIT
+
+if [ -z "$REDIS_URL" ] && command -v redis-server >/dev/null 2>&1; then
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no >/dev/null &
+    redis_pid=$!
+    REDIS_URL="redis://127.0.0.1:$port"
+    for _ in $(seq 50); do redis-cli -u "$REDIS_URL" ping >/dev/null 2>&1 && break; sleep 0.1; done
+fi
+REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
 
 # start <args...>: starts the fixture, sets $pid and $addr.
 start() {
@@ -64,13 +80,11 @@ measure() {
         END { printf "%s %.1f", rps, ticks * 1000000 / hz / n }' <<<"$out"
 }
 
-# commands: total Redis commands served so far (calls summed over INFO commandstats).
-commands() {
+# calls <pattern>: Redis calls so far of the commands whose INFO commandstats name matches.
+calls() {
     redis-cli -u "$REDIS_URL" info commandstats \
-        | awk -F'[:=,]' '/^cmdstat_/ { if ($2 != "calls") next; sum += $3 } END { print sum + 0 }'
+        | awk -F'[:=,]' -v re="$1" '$1 ~ /^cmdstat_/ { name = substr($1, 9); if (name ~ re) sum += $3 } END { print sum + 0 }'
 }
-
-requests_of() { curl -s "http://$addr/counter" | tr -dc '0-9'; }
 
 declare -A result
 run_case() { # run_case <name> <script> <fixture args...>
@@ -94,16 +108,20 @@ if redis-cli -u "$REDIS_URL" ping >/dev/null 2>&1 && start --store "$REDIS_URL" 
     cleanup; pid=""; redis=true
     run_case redis_unique unique-keys.lua --store "$REDIS_URL"
     run_case redis_replay replay.lua --store "$REDIS_URL"
-    # Commands per request, counted over a fixed number of requests with curl-free wrk runs.
+    # Round trips (EVALSHA) and commands run inside the scripts, per request.
     for kind in unique replay; do
         start --store "$REDIS_URL"
         script=$([ $kind = unique ] && echo unique-keys.lua || echo replay.lua)
-        wrk -t1 -c1 -d1s -s "bench/http/$script" "http://$addr" >/dev/null  # warm: the replay key exists
-        before=$(commands)
+        wrk -t1 -c1 -d1s -s "bench/http/$script" "http://$addr" >/dev/null # warm: the replay key exists
+        trips=$(calls '^evalsha$')
+        inside=$(calls '^(hset|hget|hgetall|hmget|hdel|del|pexpire|pexpireat|time|exists|expire|unlink|set|get)$')
         sent=$(wrk -t1 -c4 -d3s -s "bench/http/$script" "http://$addr" | awk '/requests in/ { print $1 }')
-        after=$(commands)
-        result[redis_${kind}_cmds]=$(awk -v c=$((after - before - 1)) -v n="$sent" 'BEGIN { printf "%.2f", c / n }')
-        cleanup; pid=""
+        trips=$(($(calls '^evalsha$') - trips))
+        inside=$(($(calls '^(hset|hget|hgetall|hmget|hdel|del|pexpire|pexpireat|time|exists|expire|unlink|set|get)$') - inside))
+        result[redis_${kind}_trips]=$(awk -v c="$trips" -v n="$sent" 'BEGIN { printf "%.2f", c / n }')
+        result[redis_${kind}_inside]=$(awk -v c="$inside" -v n="$sent" 'BEGIN { printf "%.1f", c / n }')
+        cleanup
+        pid=""
     done
 fi
 
@@ -122,7 +140,8 @@ row "layer, memory store" memory
 if $redis; then
     row "layer, Redis store" redis
     echo
-    echo "Redis commands per request: first execution ${result[redis_unique_cmds]}, replay ${result[redis_replay_cmds]}"
+    echo "Redis round trips (EVALSHA) per request: first execution ${result[redis_unique_trips]}, replay ${result[redis_replay_trips]}"
+    echo "(commands the scripts run inside the server, per request: ${result[redis_unique_inside]} and ${result[redis_replay_inside]})"
 else
     echo
     echo "(Redis not measured: no server at $REDIS_URL, or this idem-fixture has no Redis store)"
