@@ -55,10 +55,13 @@
 //! fingerprint, and a read of the record when neither wrote, all in one statement: a duplicate
 //! is answered without a write (and without a WAL flush). Only when a concurrent claim created
 //! or took over the record after the statement's snapshot does the claim run the statement
-//! again. The holder's transitions (heartbeat, complete, fail, release) lock the row, update it
-//! only `WHERE` the owner and fence match, and return the row as they found it. The Rust side
-//! runs the pure state machine on the row returned to answer (in flight, completed, mismatch,
-//! the exact rejection) and checks that the database did what the machine decided.
+//! again. The holder's transitions (heartbeat, complete, fail, release) update the row only
+//! `WHERE` owner, fence, state and lease allow it, and return the row as the statement's
+//! snapshot saw it. When a statement wrote, the database checked on the latest row exactly
+//! what the state machine checks; when it did not, the Rust side runs the pure state machine on
+//! the row returned to answer (in flight, completed, mismatch, the exact rejection), and runs
+//! the statement again in the one case where that row is older than the one the database saw
+//! (a concurrent transition of the same key).
 //!
 //! Time is the server's `clock_timestamp()`, never the client's. A record whose `expires_at`
 //! has passed counts as absent. Release and retryable failures do not delete the row: they

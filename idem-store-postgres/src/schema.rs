@@ -261,22 +261,24 @@ WHERE t.scope = $1 AND t.key = $2
             valid_t = valid("t"),
             cols_t = columns("t", false),
         );
+        // The update writes only if the holder still holds the record; the read returns the
+        // row as the statement's snapshot saw it, for the answer when nothing was written.
         let holder = |set: &str| {
             format!(
                 "WITH {clock},
-cur AS MATERIALIZED (SELECT t.* FROM {table} t WHERE t.scope = $1 AND t.key = $2 FOR UPDATE),
 upd AS (
     UPDATE {table} t SET {set}
-    FROM c, cur
-    WHERE t.scope = $1 AND t.key = $2 AND {valid_cur} AND cur.expires_at > c.now
-      AND cur.owner = $3::text::uuid AND cur.fence = $4 AND cur.state = 'in_flight'
-      AND (NOT $6::boolean OR cur.lease_until > c.now)
+    FROM c
+    WHERE t.scope = $1 AND t.key = $2 AND {valid_t} AND t.expires_at > c.now
+      AND t.owner = $3::text::uuid AND t.fence = $4 AND t.state = 'in_flight'
+      AND (NOT $6::boolean OR t.lease_until > c.now)
     RETURNING t.lease_until
 )
-SELECT {cols_cur}, c.now, (SELECT upd.lease_until FROM upd) FROM c LEFT JOIN cur ON true",
+SELECT {cols_t}, c.now, (SELECT upd.lease_until FROM upd)
+FROM c LEFT JOIN {table} t ON t.scope = $1 AND t.key = $2",
                 clock = clock("$5"),
-                valid_cur = valid("cur"),
-                cols_cur = columns("cur", true),
+                valid_t = valid("t"),
+                cols_t = columns("t", true),
             )
         };
         let extend = micros("$7");

@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use deadpool_postgres::tokio_postgres::types::ToSql;
@@ -15,7 +15,7 @@ use deadpool_postgres::{
 use idem_core::machine::{self, LeasePolicy, Step, Write};
 use idem_core::{
     Bytes, ClaimOutcome, ClaimRequest, Failure, Fence, Lease, OwnerToken, Record, RecordKey,
-    ScanPage, ScanQuery, Store, StoreError, duration_micros,
+    ScanPage, ScanQuery, Store, StoreError, Timestamp, duration_micros,
 };
 
 use crate::config::PostgresConfig;
@@ -27,8 +27,8 @@ use crate::schema::{self, MigrationReport, Statements};
 /// it, so no timestamp overflows.
 const MAX_DURATION_MICROS: u64 = 100 * 365 * 86_400 * 1_000_000;
 
-/// How often a claim re-reads a record that changed under it before giving up (only concurrent
-/// claims of one fresh or expired key ever need a second statement).
+/// How often a transition re-reads a record that changed under it before giving up (only
+/// concurrent transitions of one key ever need a second statement).
 const CLAIM_ATTEMPTS: usize = 5;
 
 /// How many expired rows one sweep statement deletes.
@@ -100,18 +100,21 @@ fn fence_param(fence: Fence) -> i64 {
     i64::try_from(fence.get()).unwrap_or(-1)
 }
 
-/// The answer of a holder's transition: the state machine, run on the row as the statement
-/// locked it, must agree with what the statement did.
-fn settle<T>(decided: Result<Step<T>, StoreError>, updated: bool) -> Result<T, StoreError> {
+/// What a holder's statement means: it wrote (then the database checked owner, fence, state
+/// and lease on the latest row, exactly as the state machine does), or it did not and the state
+/// machine, run on the row as the statement's snapshot saw it, gives the answer. If the machine
+/// would have written, that row is older than the one the update saw: run the statement again.
+fn settle<T>(
+    decided: Result<Step<T>, StoreError>,
+    written: Option<T>,
+) -> Option<Result<T, StoreError>> {
+    if let Some(answer) = written {
+        return Some(Ok(answer));
+    }
     match decided {
-        Ok(step) if matches!(step.write, Write::Nothing) != updated => Ok(step.answer),
-        Err(err) if !updated => Err(err),
-        Ok(_) => Err(protocol(
-            "the database and the state machine disagree: a write was expected",
-        )),
-        Err(err) => Err(protocol(format!(
-            "the database wrote a transition the state machine refuses ({err})"
-        ))),
+        Err(err) => Some(Err(err)),
+        Ok(step) if matches!(step.write, Write::Nothing) => Some(Ok(step.answer)),
+        Ok(_) => None,
     }
 }
 
@@ -364,41 +367,51 @@ impl PostgresStore {
         })
     }
 
-    /// Runs a holder's statement; returns the row as the statement found it, the store's time,
-    /// and the new lease end if the statement wrote.
-    async fn holder<C: GenericClient>(
+    /// Runs a holder's statement (with `extra` parameters after the common six) and answers
+    /// with [`settle`]: `decide` is the state machine's transition, `written` the answer when
+    /// the statement wrote (it gets the new lease end).
+    #[allow(clippy::too_many_arguments)]
+    async fn holder<C: GenericClient, T>(
         &self,
         client: &C,
         op: &'static str,
         sql: &str,
         lease: &Lease,
         extra: &[&(dyn ToSql + Sync)],
-    ) -> Result<
-        (
-            Option<Record>,
-            idem_core::Timestamp,
-            bool,
-            Option<std::time::SystemTime>,
-        ),
-        StoreError,
-    > {
+        decide: impl Fn(Option<&Record>, Timestamp) -> Result<Step<T>, StoreError>,
+        written: impl Fn(Timestamp) -> T,
+    ) -> Result<T, StoreError> {
         let key = &lease.key;
         let strict = self.inner.policy == LeasePolicy::Strict && op != "release";
         let scope = key.scope.as_str();
         let name = key.key.as_str();
         let owner = lease.owner.to_string();
         let fence = fence_param(lease.fence);
-        let offset = self.offset();
-        let mut params: Vec<&(dyn ToSql + Sync)> =
-            vec![&scope, &name, &owner, &fence, &offset, &strict];
-        params.extend_from_slice(extra);
-        let row = query_one(client, op, sql, &params).await?;
-        let existing = row::record(key, &row)?;
-        let now = row::now(key, &row)?;
-        let until: Option<std::time::SystemTime> = row
-            .try_get(row::NOW + 1)
-            .map_err(|e| protocol(e.to_string()))?;
-        Ok((existing, now, until.is_some(), until))
+        let fail = |e| from_pg(op, Duration::ZERO, e);
+        let statement = client.prepare_cached(sql).await.map_err(fail)?;
+        for _ in 0..CLAIM_ATTEMPTS {
+            let offset = self.offset();
+            let mut params: Vec<&(dyn ToSql + Sync)> =
+                vec![&scope, &name, &owner, &fence, &offset, &strict];
+            params.extend_from_slice(extra);
+            let row = client.query_one(&statement, &params).await.map_err(fail)?;
+            let existing = row::record(key, &row)?;
+            let now = row::now(key, &row)?;
+            let until: Option<SystemTime> = row
+                .try_get(row::NOW + 1)
+                .map_err(|e| protocol(e.to_string()))?;
+            let written = until
+                .map(|until| row::timestamp(key, until))
+                .transpose()?
+                .map(&written);
+            if let Some(answer) = settle(decide(existing.as_ref(), now), written) {
+                return answer;
+            }
+        }
+        Err(StoreError::Backend {
+            source: format!("the {op} of {key} lost {CLAIM_ATTEMPTS} races in a row").into(),
+            retryable: true,
+        })
     }
 
     async fn heartbeat_on<C: GenericClient>(
@@ -407,22 +420,20 @@ impl PostgresStore {
         lease: &Lease,
         extend: Duration,
     ) -> Result<Lease, StoreError> {
-        let extend_us = micros(extend);
-        let (existing, now, updated, until) = self
-            .holder(
-                client,
-                "heartbeat",
-                &self.inner.sql.heartbeat,
-                lease,
-                &[&extend_us],
-            )
-            .await?;
-        let decided = machine::heartbeat(existing.as_ref(), lease, extend, now, self.inner.policy);
-        let mut answer = settle(decided, updated)?;
-        if let Some(until) = until {
-            answer.until = row::timestamp(&lease.key, until)?;
-        }
-        Ok(answer)
+        let policy = self.inner.policy;
+        self.holder(
+            client,
+            "heartbeat",
+            &self.inner.sql.heartbeat,
+            lease,
+            &[&micros(extend)],
+            |existing, now| machine::heartbeat(existing, lease, extend, now, policy),
+            |until| Lease {
+                until,
+                ..lease.clone()
+            },
+        )
+        .await
     }
 
     async fn complete_on<C: GenericClient>(
@@ -432,26 +443,21 @@ impl PostgresStore {
         result: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let retention_us = micros(retention);
+        let policy = self.inner.policy;
         let bytes: &[u8] = &result;
-        let (existing, now, updated, _) = self
-            .holder(
-                client,
-                "complete",
-                &self.inner.sql.complete,
-                lease,
-                &[&retention_us, &bytes],
-            )
-            .await?;
-        let decided = machine::complete(
-            existing.as_ref(),
+        self.holder(
+            client,
+            "complete",
+            &self.inner.sql.complete,
             lease,
-            Bytes::new(),
-            retention,
-            now,
-            self.inner.policy,
-        );
-        settle(decided, updated)
+            &[&micros(retention), &bytes],
+            // The machine only decides; the result it would store is not needed.
+            |existing, now| {
+                machine::complete(existing, lease, Bytes::new(), retention, now, policy)
+            },
+            |_| (),
+        )
+        .await
     }
 
     async fn fail_on<C: GenericClient>(
@@ -461,25 +467,21 @@ impl PostgresStore {
         failure: Failure,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let retention_us = micros(retention);
-        let (existing, now, updated, _) = self
-            .holder(
-                client,
-                "fail",
-                &self.inner.sql.fail,
-                lease,
-                &[&retention_us, &failure.retryable, &failure.message.as_str()],
-            )
-            .await?;
-        let decided = machine::fail(
-            existing.as_ref(),
+        let policy = self.inner.policy;
+        self.holder(
+            client,
+            "fail",
+            &self.inner.sql.fail,
             lease,
-            failure.clone(),
-            retention,
-            now,
-            self.inner.policy,
-        );
-        settle(decided, updated)
+            &[
+                &micros(retention),
+                &failure.retryable,
+                &failure.message.as_str(),
+            ],
+            |existing, now| machine::fail(existing, lease, failure.clone(), retention, now, policy),
+            |_| (),
+        )
+        .await
     }
 
     async fn release_on<C: GenericClient>(
@@ -487,10 +489,16 @@ impl PostgresStore {
         client: &C,
         lease: &Lease,
     ) -> Result<(), StoreError> {
-        let (existing, now, updated, _) = self
-            .holder(client, "release", &self.inner.sql.release, lease, &[])
-            .await?;
-        settle(machine::release(existing.as_ref(), lease, now), updated)
+        self.holder(
+            client,
+            "release",
+            &self.inner.sql.release,
+            lease,
+            &[],
+            |existing, now| machine::release(existing, lease, now),
+            |_| (),
+        )
+        .await
     }
 }
 

@@ -347,3 +347,57 @@ async fn an_operation_over_its_timeout_is_a_timeout() {
     assert!(started.elapsed() < Duration::from_secs(3));
     tx.rollback().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_completion_racing_a_takeover_has_exactly_one_winner() {
+    let Some(h) = PgHarness::new().await else {
+        return;
+    };
+    let store = h.store.clone();
+    let mut holders = Vec::new();
+    for i in 0..60 {
+        let ClaimOutcome::Acquired { lease, .. } =
+            store.claim(&request(&format!("race-{i}"))).await.unwrap()
+        else {
+            panic!("not acquired")
+        };
+        holders.push(lease);
+    }
+    // Every lease lapses; each late holder completes while a new attempt claims.
+    store.advance_clock(LEASE + Duration::from_secs(1));
+    let races: Vec<_> = holders
+        .into_iter()
+        .enumerate()
+        .map(|(i, lease)| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let late = {
+                    let store = store.clone();
+                    let lease = lease.clone();
+                    tokio::spawn(async move {
+                        store
+                            .complete(&lease, Bytes::from_static(b"late"), RETENTION)
+                            .await
+                    })
+                };
+                let claim = store.claim(&request(&format!("race-{i}"))).await.unwrap();
+                (late.await.unwrap(), claim)
+            })
+        })
+        .collect();
+    let (mut late_won, mut takeover_won) = (0, 0);
+    for race in races {
+        match race.await.unwrap() {
+            (Ok(()), ClaimOutcome::Completed(record)) => {
+                assert_eq!(record.result.as_deref(), Some(&b"late"[..]));
+                late_won += 1;
+            }
+            (Err(StoreError::Rejected(_)), ClaimOutcome::Acquired { taken_over, .. }) => {
+                assert!(taken_over);
+                takeover_won += 1;
+            }
+            other => panic!("both or neither won: {other:?}"),
+        }
+    }
+    eprintln!("late completions won {late_won}, takeovers won {takeover_won}");
+}
