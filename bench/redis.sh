@@ -5,7 +5,11 @@
 #     at 1, 16 and 64 concurrent tasks sharing one store (one multiplexed connection);
 #   - redis-benchmark running EVALSHA of a trivial one-key script with 1, 16 and 64 clients.
 # One cycle is two scripts (claim, complete), so half the EVALSHA rate is the ceiling; the
-# script prints cycles/s, the ceiling, and the ratio to it.
+# script prints cycles/s, the ceiling, and the ratio to it. It also prints the server's CPU
+# time per operation (from INFO cpu): per cycle for the store, per EVALSHA for the baseline.
+# On a machine shared with other work the rates are noisy; the CPU figures much less so, and
+# "cpu ratio" (two baseline EVALSHAs / one cycle, in server CPU) is the ratio a server-bound
+# run would reach.
 #
 #   bench/redis.sh                   # a redis-server of its own on a free port, 5 s per run
 #   SECONDS_PER_RUN=10 bench/redis.sh
@@ -60,22 +64,42 @@ bench="$target_dir/release/examples/claim_complete"
 sha=$(redis-cli -h "$host" -p "$port" script load "return redis.call('EXISTS', KEYS[1])")
 server_version=$(redis-cli -h "$host" -p "$port" info server | sed -n 's/^redis_version:\(.*\)\r$/\1/p')
 echo "server: redis $server_version at $host:$port; $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); ${SECONDS_PER_RUN}s per run, best of $REPEAT"
-printf '%-6s %14s %16s %14s %10s\n' tasks "cycles/s" "EVALSHA/s" "ceiling" ratio
+printf '%-6s %10s %11s %9s %7s %13s %15s %10s\n' tasks "cycles/s" "EVALSHA/s" ceiling ratio \
+    "us/cycle cpu" "us/EVALSHA cpu" "cpu ratio"
 max() { sort -g | tail -n 1; }
+min() { sort -g | head -n 1; }
+# The server's CPU seconds so far (user + system).
+server_cpu() {
+    redis-cli -h "$host" -p "$port" info cpu | tr -d '\r' \
+        | awk -F: '/^used_cpu_(user|sys):/ { s += $2 } END { printf "%.6f", s }'
+}
 for tasks in $TASKS; do
-    cycles=$(for _ in $(seq "$REPEAT"); do
-        "$bench" --url "$REDIS_URL" --tasks "$tasks" --seconds "$SECONDS_PER_RUN" \
-            | sed -n 's/.*cycles_per_sec=\([0-9.]*\).*/\1/p'
-    done | max)
+    runs=$(for _ in $(seq "$REPEAT"); do
+        before=$(server_cpu)
+        line=$("$bench" --url "$REDIS_URL" --tasks "$tasks" --seconds "$SECONDS_PER_RUN")
+        after=$(server_cpu)
+        echo "$line" | awk -v b="$before" -v a="$after" '{
+            for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+            printf "%s %.2f\n", v["cycles_per_sec"], (a - b) * 1e6 / (v["cycles"] + v["warmup_cycles"])
+        }'
+    done)
+    cycles=$(echo "$runs" | cut -d' ' -f1 | max)
+    cycle_cpu=$(echo "$runs" | cut -d' ' -f2 | min)
     # As many EVALSHA requests as it does in about the same time.
     requests=$(awk -v c="$cycles" -v s="$SECONDS_PER_RUN" 'BEGIN { n = c * 2 * s * 3; if (n < 20000) n = 20000; printf "%d", n }')
-    evalsha=$(for _ in $(seq "$REPEAT"); do
-        redis-benchmark -h "$host" -p "$port" -c "$tasks" -n "$requests" -r 100000 -q \
+    runs=$(for _ in $(seq "$REPEAT"); do
+        before=$(server_cpu)
+        rps=$(redis-benchmark -h "$host" -p "$port" -c "$tasks" -n "$requests" -r 100000 -q \
                 EVALSHA "$sha" 1 "bench:key:__rand_int__" \
-            | tr '\r' '\n' | sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p' | tail -n 1
-    done | max)
-    awk -v t="$tasks" -v c="$cycles" -v e="$evalsha" 'BEGIN {
+            | tr '\r' '\n' | sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p' | tail -n 1)
+        after=$(server_cpu)
+        awk -v r="$rps" -v b="$before" -v a="$after" -v n="$requests" \
+            'BEGIN { printf "%s %.2f\n", r, (a - b) * 1e6 / n }'
+    done)
+    evalsha=$(echo "$runs" | cut -d' ' -f1 | max)
+    evalsha_cpu=$(echo "$runs" | cut -d' ' -f2 | min)
+    awk -v t="$tasks" -v c="$cycles" -v e="$evalsha" -v cc="$cycle_cpu" -v ec="$evalsha_cpu" 'BEGIN {
         ceiling = e / 2
-        printf "%-6s %14.0f %16.0f %14.0f %10.2f\n", t, c, e, ceiling, c / ceiling
+        printf "%-6s %10.0f %11.0f %9.0f %7.2f %13.1f %15.1f %10.2f\n", t, c, e, ceiling, c / ceiling, cc, ec, 2 * ec / cc
     }'
 done

@@ -7,7 +7,7 @@
 //!     --url redis://127.0.0.1:6379 --tasks 16 --seconds 5
 //! ```
 //!
-//! Prints one line: `tasks=16 cycles=... seconds=... cycles_per_sec=...`. `--threads N` sets
+//! Prints one line: `tasks=16 cycles=... seconds=... cycles_per_sec=... warmup_cycles=...`. `--threads N` sets
 //! the runtime's worker threads (default 1, like `redis-benchmark`); `--cluster` takes a
 //! comma-separated seed list as `--url`.
 
@@ -79,6 +79,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let result = Bytes::from(vec![b'x'; 100]);
 
     // A short warm-up, then the measured run.
+    let mut warmup_cycles = 0;
     for (phase, seconds) in [("warm-up", 0.5), ("run", args.seconds)] {
         let stop = Arc::new(AtomicBool::new(false));
         let cycles = Arc::new(AtomicU64::new(0));
@@ -122,13 +123,16 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             task.await?.map_err(|e| e.to_string())?;
         }
         let elapsed = started.elapsed().as_secs_f64();
+        let done = cycles.load(Ordering::Relaxed);
         if phase == "run" {
-            let done = cycles.load(Ordering::Relaxed);
             println!(
-                "tasks={} cycles={done} seconds={elapsed:.2} cycles_per_sec={:.0}",
+                "tasks={} cycles={done} seconds={elapsed:.2} cycles_per_sec={:.0} \
+                 warmup_cycles={warmup_cycles}",
                 args.tasks,
                 done as f64 / elapsed
             );
+        } else {
+            warmup_cycles = done;
         }
     }
     Ok(())
