@@ -723,7 +723,7 @@ async fn scans_page_through_a_busy_keyspace_once() {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 i += 1;
                 let lease = acquire(&store, &key(&format!("churn-{i}"))).await;
-                if i % 2 == 0 {
+                if i.is_multiple_of(2) {
                     store.release(&lease).await.unwrap();
                     store.delete(&lease.key).await.unwrap();
                 }
