@@ -148,6 +148,31 @@ impl RedisStore {
         self.inner.config.max_result_size.get()
     }
 
+    /// Claims `request` for the attempt `owner`. Sending the same claim again (same owner)
+    /// after a lost reply answers the same grant.
+    async fn claim_as(
+        &self,
+        request: &ClaimRequest,
+        owner: OwnerToken,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let reply = self
+            .eval(
+                "claim",
+                &SCRIPTS.claim,
+                &request.key,
+                &[
+                    request.fingerprint.as_bytes(),
+                    &owner_arg(owner),
+                    micros_arg(request.lease).as_bytes(),
+                    self.memory_arg().as_bytes(),
+                    request.key.key.as_str().as_bytes(),
+                    request.key.scope.as_str().as_bytes(),
+                ],
+            )
+            .await?;
+        self.claimed(request, owner, &reply)
+    }
+
     fn claimed(
         &self,
         request: &ClaimRequest,
@@ -199,23 +224,7 @@ fn owner_arg(owner: OwnerToken) -> [u8; 16] {
 #[async_trait]
 impl Store for RedisStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        let owner = OwnerToken::random();
-        let reply = self
-            .eval(
-                "claim",
-                &SCRIPTS.claim,
-                &request.key,
-                &[
-                    request.fingerprint.as_bytes(),
-                    &owner_arg(owner),
-                    micros_arg(request.lease).as_bytes(),
-                    self.memory_arg().as_bytes(),
-                    request.key.key.as_str().as_bytes(),
-                    request.key.scope.as_str().as_bytes(),
-                ],
-            )
-            .await?;
-        self.claimed(request, owner, &reply)
+        self.claim_as(request, OwnerToken::random()).await
     }
 
     async fn heartbeat(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
@@ -358,5 +367,53 @@ impl Store for RedisStore {
         )
         .await
         .map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idem_core::{Fingerprint, IdempotencyKey};
+
+    /// A claim sent twice by the same attempt (the cluster client re-sends after a dropped
+    /// connection) gets the same grant back, not "in flight".
+    #[tokio::test]
+    async fn a_resent_claim_gets_the_same_grant() {
+        let url = idem_testkit::probe::service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+        let host_port = url
+            .trim_start_matches("redis://")
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        if !idem_testkit::probe::require_tcp("Redis", &host_port) {
+            return;
+        }
+        let namespace = format!("t{:016x}", OwnerToken::random().as_u128() as u64);
+        let config = RedisConfig::new(url)
+            .unwrap()
+            .with_namespace(namespace)
+            .unwrap();
+        let store = RedisStore::connect(config).await.unwrap();
+        let request = ClaimRequest::new(
+            RecordKey::unscoped(IdempotencyKey::new("resent").unwrap()),
+            Fingerprint::of(&[b"x"]),
+            Duration::from_secs(30),
+        );
+        let owner = OwnerToken::random();
+        let first = store.claim_as(&request, owner).await.unwrap();
+        let again = store.claim_as(&request, owner).await.unwrap();
+        assert!(matches!(first, ClaimOutcome::Acquired { .. }), "{first:?}");
+        assert_eq!(first, again);
+        // Another attempt is told the key is in flight.
+        assert!(matches!(
+            store.claim(&request).await.unwrap(),
+            ClaimOutcome::InFlight { .. }
+        ));
+        let ClaimOutcome::Acquired { lease, .. } = first else {
+            unreachable!()
+        };
+        store.release(&lease).await.unwrap();
+        store.delete(&request.key).await.unwrap();
     }
 }
