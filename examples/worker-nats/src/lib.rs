@@ -16,13 +16,14 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
+//! use std::time::Duration;
 //! use idem_store_memory::MemoryStore;
 //! use idem_worker::{JobError, JobGuard};
 //! use tokio_util::sync::CancellationToken;
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! let client = async_nats::connect("127.0.0.1:4222").await?;
-//! let consumer = worker_nats::ensure_consumer(&client, "JOBS", "jobs.>", "workers", 10).await?;
+//! let consumer = worker_nats::ensure_consumer(&client, "JOBS", "jobs.>", "workers", 10, Duration::from_secs(10)).await?;
 //! let guard = JobGuard::builder(Arc::new(MemoryStore::new())).job_type("email").build()?;
 //! worker_nats::consume(consumer, 16, CancellationToken::new(), move |job| {
 //!     let guard = guard.clone();
@@ -61,7 +62,9 @@ pub fn message_key(headers: Option<&HeaderMap>, payload: &[u8]) -> Option<Idempo
     }
 }
 /// Creates (or finds) the stream `stream` over `subjects` and the durable pull consumer
-/// `durable` on it, with explicit acks and at most `max_deliver` deliveries per message.
+/// `durable` on it, with explicit acks, at most `max_deliver` deliveries per message (-1: no
+/// limit) and `ack_wait` before a message in the hands of a dead worker comes back (make it
+/// longer than a job).
 ///
 /// # Errors
 /// JetStream's refusal, or a lost connection.
@@ -71,6 +74,7 @@ pub async fn ensure_consumer(
     subjects: &str,
     durable: &str,
     max_deliver: i64,
+    ack_wait: Duration,
 ) -> Result<PullConsumer, Error> {
     let js = jetstream::new(client.clone());
     let stream = js
@@ -86,8 +90,7 @@ pub async fn ensure_consumer(
             pull::Config {
                 durable_name: Some(durable.to_owned()),
                 ack_policy: AckPolicy::Explicit,
-                // Longer than a job: a crashed worker's message comes back after this.
-                ack_wait: Duration::from_secs(10),
+                ack_wait,
                 max_deliver,
                 ..Default::default()
             },

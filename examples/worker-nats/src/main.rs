@@ -8,6 +8,8 @@
 //!
 //! `IDEM_TEST_NATS_URL` (or `NATS_URL`) names the server (default `127.0.0.1:4222`).
 
+use std::time::Duration;
+
 use async_nats::HeaderMap;
 use queue_common::{ctrl_c, demo_orders, ship_orders};
 use worker_nats::{Error, KEY_HEADER, consume, ensure_consumer};
@@ -25,7 +27,15 @@ async fn main() -> Result<(), Error> {
         .unwrap_or_else(|_| "127.0.0.1:4222".to_owned());
     let client = async_nats::connect(&url).await?;
     // The stream must exist before anything is published on it.
-    let consumer = ensure_consumer(&client, STREAM, SUBJECTS, "example", 10).await?;
+    let consumer = ensure_consumer(
+        &client,
+        STREAM,
+        SUBJECTS,
+        "example",
+        10,
+        Duration::from_secs(10),
+    )
+    .await?;
     let mut args = std::env::args().skip(1);
     match args.next().as_deref() {
         Some("publish") => {

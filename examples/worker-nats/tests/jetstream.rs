@@ -2,6 +2,8 @@
 //! disposition becomes ack, nak with delay or term, and duplicates take effect once.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::time::Duration;
+
 use async_nats::HeaderMap;
 use idem_testkit::probe::{require_tcp, service_url};
 use queue_common::scenario::{self, Tally};
@@ -18,9 +20,16 @@ async fn dispositions_map_to_ack_nak_and_term() {
     let run = format!("{}_{}", std::process::id(), scenario::unique());
     let stream = format!("IDEM_TEST_{run}");
     let subject = format!("idem.test.{run}");
-    let consumer = ensure_consumer(&client, &stream, &format!("{subject}.>"), "w", 10)
-        .await
-        .unwrap();
+    let consumer = ensure_consumer(
+        &client,
+        &stream,
+        &format!("{subject}.>"),
+        "w",
+        10,
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
     let js = async_nats::jetstream::new(client.clone());
     for (key, body) in scenario::messages() {
         let mut headers = HeaderMap::new();
