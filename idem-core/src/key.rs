@@ -82,8 +82,12 @@ impl IdempotencyKey {
     /// [`KeyError`] naming the rule the bytes break.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, KeyError> {
         check_printable(bytes, MAX_KEY_LEN, false)?;
-        // Printable ASCII is valid UTF-8, so this never takes the lossy path.
-        Ok(IdempotencyKey(String::from_utf8_lossy(bytes).into()))
+        // Printable ASCII is valid UTF-8: the error arm is never taken.
+        let text = std::str::from_utf8(bytes).map_err(|err| KeyError::InvalidByte {
+            byte: bytes.get(err.valid_up_to()).copied().unwrap_or_default(),
+            position: err.valid_up_to(),
+        })?;
+        Ok(IdempotencyKey(text.into()))
     }
 
     /// The key as text.

@@ -39,6 +39,7 @@
 //! shard sweeps itself after as many writes as it holds records (amortised O(1) per write), so
 //! memory follows the live set. [`MemoryStore::purge_expired`] sweeps everything now.
 
+mod hashed;
 mod shard;
 mod store;
 

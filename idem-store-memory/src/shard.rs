@@ -1,20 +1,23 @@
 //! One shard: a map of records under one lock, with its incremental sweep.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 
-use idem_core::machine::Write;
-use idem_core::{Record, RecordKey, State, Timestamp};
+use idem_core::machine::{Step, Write};
+use idem_core::{Fence, Record, State, StoreError, Timestamp};
+
+use crate::hashed::{HashedKey, PassThroughState};
 
 /// Writes between sweeps when a shard holds few records.
 const MIN_SWEEP_INTERVAL: usize = 64;
 
 #[derive(Debug, Default)]
 pub(crate) struct Shard {
-    records: HashMap<RecordKey, Record>,
+    records: HashMap<HashedKey, Record, PassThroughState>,
     writes_since_sweep: usize,
 }
 
-/// What applying a write did to the number of records.
+/// What a transition did to the number of records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Delta {
     Added,
@@ -22,44 +25,83 @@ pub(crate) enum Delta {
     Same,
 }
 
-impl Shard {
-    pub(crate) fn get(&self, key: &RecordKey) -> Option<&Record> {
-        self.records.get(key)
-    }
+/// The result of [`Shard::transition`].
+pub(crate) enum Applied<T> {
+    /// The write is applied.
+    Done {
+        answer: T,
+        delta: Delta,
+        /// The fence of the record written, if one was.
+        written_fence: Option<Fence>,
+    },
+    /// The transition would add a record and there is no room: nothing was written.
+    Full,
+}
 
-    pub(crate) fn contains(&self, key: &RecordKey) -> bool {
-        self.records.contains_key(key)
+impl Shard {
+    pub(crate) fn get(&self, key: &HashedKey) -> Option<&Record> {
+        self.records.get(key)
     }
 
     pub(crate) fn records(&self) -> impl Iterator<Item = &Record> {
         self.records.values()
     }
 
-    /// Applies a transition's write to `key`.
-    pub(crate) fn apply(&mut self, key: &RecordKey, write: Write) -> Delta {
+    /// Runs one transition on `key`: `decide` sees the record (or `None`), and its write is
+    /// applied in place. The key is hashed once. A write that adds a record first takes a slot
+    /// with `reserve`; if that fails nothing is written and the answer is [`Applied::Full`].
+    pub(crate) fn transition<T>(
+        &mut self,
+        key: &HashedKey,
+        decide: impl FnOnce(Option<&Record>) -> Result<Step<T>, StoreError>,
+        reserve: impl FnOnce() -> bool,
+    ) -> Result<Applied<T>, StoreError> {
+        let (answer, delta, written_fence) = match self.records.entry(key.clone()) {
+            Entry::Occupied(mut slot) => {
+                let step = decide(Some(slot.get()))?;
+                match step.write {
+                    Write::Nothing => (step.answer, Delta::Same, None),
+                    Write::Put(record) => {
+                        let fence = record.fence;
+                        *slot.get_mut() = record;
+                        (step.answer, Delta::Same, Some(fence))
+                    }
+                    Write::Remove => {
+                        slot.remove();
+                        (step.answer, Delta::Removed, None)
+                    }
+                }
+            }
+            Entry::Vacant(slot) => {
+                let step = decide(None)?;
+                match step.write {
+                    Write::Put(record) => {
+                        if !reserve() {
+                            return Ok(Applied::Full);
+                        }
+                        let fence = record.fence;
+                        slot.insert(record);
+                        (step.answer, Delta::Added, Some(fence))
+                    }
+                    Write::Nothing | Write::Remove => (step.answer, Delta::Same, None),
+                }
+            }
+        };
         self.writes_since_sweep += 1;
-        match write {
-            Write::Nothing => Delta::Same,
-            // Replace in place when the key is there: no clone of the key.
-            Write::Put(record) => match self.records.get_mut(key) {
-                Some(slot) => {
-                    *slot = record;
-                    Delta::Same
-                }
-                None => {
-                    self.records.insert(key.clone(), record);
-                    Delta::Added
-                }
-            },
-            Write::Remove => match self.records.remove(key) {
-                Some(_) => Delta::Removed,
-                None => Delta::Same,
-            },
-        }
+        Ok(Applied::Done {
+            answer,
+            delta,
+            written_fence,
+        })
+    }
+
+    /// Stores `record` as it is; whether it added a record.
+    pub(crate) fn put(&mut self, key: HashedKey, record: Record) -> bool {
+        self.records.insert(key, record).is_none()
     }
 
     /// Removes `key`; whether it was there.
-    pub(crate) fn remove(&mut self, key: &RecordKey) -> bool {
+    pub(crate) fn remove(&mut self, key: &HashedKey) -> bool {
         self.records.remove(key).is_some()
     }
 
@@ -86,10 +128,10 @@ impl Shard {
     pub(crate) fn evict_one(&mut self) -> bool {
         let victim = self
             .records
-            .values()
-            .filter(|record| record.state != State::InFlight)
-            .min_by_key(|record| record.completed_at.unwrap_or(record.created_at))
-            .map(|record| record.key.clone());
+            .iter()
+            .filter(|(_, record)| record.state != State::InFlight)
+            .min_by_key(|(_, record)| record.completed_at.unwrap_or(record.created_at))
+            .map(|(key, _)| key.clone());
         match victim {
             Some(key) => self.records.remove(&key).is_some(),
             None => false,

@@ -7,13 +7,14 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::machine::{self, LeasePolicy, Step, Write};
+use idem_core::machine::{self, LeasePolicy, Step};
 use idem_core::{
     Bytes, ClaimOutcome, ClaimRequest, Clock, Failure, Fence, Lease, OwnerToken, Record, RecordKey,
     ScanPage, ScanQuery, Store, StoreError, SystemClock, Timestamp,
 };
 
-use crate::shard::{Delta, Shard};
+use crate::hashed::HashedKey;
+use crate::shard::{Applied, Delta, Shard};
 
 /// How often a claim retries after making room, before it answers [`StoreError::Capacity`].
 const MAKE_ROOM_ATTEMPTS: usize = 3;
@@ -164,9 +165,8 @@ impl MemoryStore {
     /// planting a broken record). The record is validated when it is next read: a broken one is
     /// answered with [`StoreError::Corrupt`].
     pub fn put_raw(&self, record: Record) {
-        let key = record.key.clone();
-        let mut shard = lock(self.inner.shard(&key));
-        if shard.apply(&key, Write::Put(record)) == Delta::Added {
+        let (shard, key) = self.inner.shard(&record.key);
+        if lock(shard).put(key, record) {
             self.inner.len.fetch_add(1, Ordering::AcqRel);
         }
     }
@@ -180,26 +180,30 @@ impl MemoryStore {
         let inner = &*self.inner;
         for _ in 0..MAKE_ROOM_ATTEMPTS {
             {
-                let mut shard = lock(inner.shard(key));
+                let (shard, hashed) = inner.shard(key);
+                let mut shard = lock(shard);
                 let now = inner.clock.now();
-                let step = decide(shard.get(key), now)?;
-                let adds = matches!(step.write, Write::Put(_)) && !shard.contains(key);
-                if !adds || inner.reserve() {
-                    if let Write::Put(record) = &step.write {
-                        inner
-                            .last_fence
-                            .fetch_max(record.fence.get(), Ordering::AcqRel);
+                let applied = shard.transition(
+                    &hashed,
+                    |existing| decide(existing, now),
+                    || inner.reserve(),
+                )?;
+                if let Applied::Done {
+                    answer,
+                    delta,
+                    written_fence,
+                } = applied
+                {
+                    if let Some(fence) = written_fence {
+                        inner.last_fence.fetch_max(fence.get(), Ordering::AcqRel);
                     }
-                    match shard.apply(key, step.write) {
-                        Delta::Removed => {
-                            inner.len.fetch_sub(1, Ordering::AcqRel);
-                        }
-                        // A reserved slot is the added record's.
-                        Delta::Added | Delta::Same => {}
+                    // An added record holds the slot `reserve` took.
+                    if delta == Delta::Removed {
+                        inner.len.fetch_sub(1, Ordering::AcqRel);
                     }
                     let swept = shard.maybe_sweep(now);
                     inner.len.fetch_sub(swept, Ordering::AcqRel);
-                    return Ok(step.answer);
+                    return Ok(answer);
                 }
             }
             // Full: make room without holding this shard's lock (never two locks at once).
@@ -214,9 +218,13 @@ impl MemoryStore {
 }
 
 impl Inner {
-    fn shard(&self, key: &RecordKey) -> &Mutex<Shard> {
-        let index = usize::try_from(self.hasher.hash_one(key)).unwrap_or_default();
-        &self.shards[index % self.shards.len()]
+    /// The shard of `key`, and the key with its hash for the shard's map.
+    fn shard(&self, key: &RecordKey) -> (&Mutex<Shard>, HashedKey) {
+        let hashed = HashedKey {
+            hash: self.hasher.hash_one(key),
+            key: key.clone(),
+        };
+        (&self.shards[hashed.shard_index(self.shards.len())], hashed)
     }
 
     /// Takes one slot of the capacity for a new record; `false` if the store is full.
@@ -310,9 +318,10 @@ impl Store for MemoryStore {
     }
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
-        let shard = lock(self.inner.shard(key));
+        let (shard, hashed) = self.inner.shard(key);
+        let shard = lock(shard);
         let now = self.inner.clock.now();
-        match shard.get(key) {
+        match shard.get(&hashed) {
             Some(record) => {
                 record.validate()?;
                 Ok((!record.is_expired(now)).then(|| record.clone()))
@@ -322,10 +331,11 @@ impl Store for MemoryStore {
     }
 
     async fn delete(&self, key: &RecordKey) -> Result<bool, StoreError> {
-        let mut shard = lock(self.inner.shard(key));
+        let (shard, hashed) = self.inner.shard(key);
+        let mut shard = lock(shard);
         let now = self.inner.clock.now();
-        let live = shard.get(key).is_some_and(|r| !r.is_expired(now));
-        if shard.remove(key) {
+        let live = shard.get(&hashed).is_some_and(|r| !r.is_expired(now));
+        if shard.remove(&hashed) {
             self.inner.len.fetch_sub(1, Ordering::AcqRel);
         }
         Ok(live)
