@@ -339,21 +339,21 @@ async fn mismatch_wins_over_in_flight(store: &str) {
     let slow = {
         let key = key.clone();
         let fixture = &fixture;
-        async move { fixture.post("/slow?ms=800", &key, Bytes::new()).await }
+        async move { fixture.post("/slow?ms=1500", &key, Bytes::new()).await }
     };
     let probe = async {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let other = fixture.post("/slow?ms=800", &key, "changed").await;
-        let same = fixture.post("/slow?ms=800", &key, Bytes::new()).await;
+        let other = fixture.post("/slow?ms=1500", &key, "changed").await;
+        let same = fixture.post("/slow?ms=1500", &key, Bytes::new()).await;
         (other, same)
     };
     let (original, (other, same)) = tokio::join!(slow, probe);
     assert_problem(&other, 422);
     assert_problem(&same, 409);
-    assert_eq!(original.text(), "slept:800");
-    let replay = fixture.post("/slow?ms=800", &key, Bytes::new()).await;
+    assert_eq!(original.text(), "slept:1500");
+    let replay = fixture.post("/slow?ms=1500", &key, Bytes::new()).await;
     assert!(replay.is_replay());
-    assert_eq!(replay.text(), "slept:800");
+    assert_eq!(replay.text(), "slept:1500");
     assert_eq!(fixture.counter().await, 1);
 }
 
@@ -536,11 +536,11 @@ async fn compressible_large_responses_replay_in_full(store: &str) {
 }
 
 async fn records_expire_after_retention(store: &str) {
-    let fixture = Fixture::start(store, &["--retention-ms", "300"]);
+    let fixture = Fixture::start(store, &["--retention-ms", "1500"]);
     let key = unique("expiry");
     assert!(!fixture.post("/echo", &key, "a").await.is_replay());
     assert!(fixture.post("/echo", &key, "a").await.is_replay());
-    tokio::time::sleep(Duration::from_millis(450)).await;
+    tokio::time::sleep(Duration::from_millis(2000)).await;
     let after = fixture.post("/echo", &key, "a").await;
     assert_eq!(after.status, StatusCode::CREATED);
     assert!(!after.is_replay(), "expired: runs again");
