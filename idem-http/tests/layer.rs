@@ -529,3 +529,143 @@ async fn the_axum_extractor_hands_over_key_and_fence() {
     assert_eq!(keyless.body, "no key");
     let _ = Body::empty();
 }
+
+/// The fingerprint and record key of `POST /run` with an empty body and the key `k`, as the
+/// layer computes them (no `Authorization`: no scope).
+fn run_key() -> (RecordKey, idem_core::Fingerprint) {
+    let uri: http::Uri = "/run".parse().unwrap();
+    let fingerprint = idem_http::fingerprint::request_fingerprint(&Method::POST, &uri, b"");
+    let key = RecordKey::unscoped(idem_core::IdempotencyKey::new("k").unwrap());
+    (key, fingerprint)
+}
+
+#[tokio::test]
+async fn a_crashed_holders_claim_is_taken_over_after_its_lease() {
+    use idem_core::{Clock, ManualClock, SystemClock};
+    use idem_http::IdempotencyContext;
+
+    let clock = ManualClock::new(SystemClock.now());
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let app = App::serve(store.clone(), Config::builder(), |counter| {
+        Router::new().route(
+            "/run",
+            post(
+                move |axum::Extension(ctx): axum::Extension<IdempotencyContext>| async move {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    format!("attempt {}", ctx.attempt())
+                },
+            ),
+        )
+    })
+    .await;
+    // Another process claimed the key, then died without settling it.
+    let (key, fingerprint) = run_key();
+    let crashed = store
+        .claim(&ClaimRequest::new(
+            key,
+            fingerprint,
+            Duration::from_secs(30),
+        ))
+        .await
+        .unwrap();
+    let ClaimOutcome::Acquired { lease: dead, .. } = crashed else {
+        panic!("{crashed:?}")
+    };
+    // While its lease runs, retries wait.
+    let conflict = app.post(Some("k"), "").await;
+    assert_eq!(conflict.status, StatusCode::CONFLICT);
+    assert_eq!(conflict.header("retry-after"), Some("30"));
+    // Once it lapses, the next request takes the key over, with a higher fence.
+    clock.advance(Duration::from_secs(31));
+    let taken = app.post(Some("k"), "").await;
+    assert_eq!(taken.status, StatusCode::OK);
+    assert_eq!(taken.body, "attempt 2");
+    assert_eq!(app.count(), 1);
+    // The dead holder can no longer settle the key.
+    assert!(
+        store
+            .complete(&dead, Bytes::new(), Duration::from_secs(60))
+            .await
+            .is_err()
+    );
+    assert_eq!(app.post(Some("k"), "").await.body, "attempt 2");
+}
+
+#[tokio::test]
+async fn an_unreadable_stored_response_is_500_and_never_a_panic() {
+    use idem_core::{Clock, Fence, OwnerToken, State, SystemClock};
+
+    let store = MemoryStore::new();
+    let app = App::counting(store.clone(), Config::builder()).await;
+    let (key, fingerprint) = run_key();
+    let now = SystemClock.now();
+    store.put_raw(Record {
+        key,
+        state: State::Completed,
+        fingerprint,
+        owner: OwnerToken::random(),
+        fence: Fence::new(7),
+        lease_until: now,
+        attempt: 1,
+        created_at: now,
+        completed_at: Some(now),
+        expires_at: now.saturating_add(Duration::from_secs(3600)),
+        result: Some(Bytes::from_static(b"not a stored response")),
+        failure: None,
+    });
+    let answer = app.post(Some("k"), "").await;
+    assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        answer.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(answer.outcome(), "store_error");
+    assert_eq!(app.count(), 0);
+}
+
+/// A body of several frames and no known length: the layer streams it to the caller while it
+/// captures it for the record.
+struct Chunks(std::collections::VecDeque<&'static str>);
+
+impl http_body::Body for Chunks {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(
+            self.0
+                .pop_front()
+                .map(|chunk| Ok(http_body::Frame::data(Bytes::from_static(chunk.as_bytes())))),
+        )
+    }
+}
+
+#[tokio::test]
+async fn a_streamed_response_of_unknown_length_is_stored_and_replayed() {
+    let app = App::serve(MemoryStore::new(), Config::builder(), |counter| {
+        Router::new().route(
+            "/run",
+            post(move || async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                let chunks = Chunks(["one,", "two,", "three"].into_iter().collect());
+                (StatusCode::ACCEPTED, Body::new(chunks))
+            }),
+        )
+    })
+    .await;
+    let first = app.post(Some("k"), "").await;
+    assert_eq!(first.status, StatusCode::ACCEPTED);
+    assert_eq!(first.body, "one,two,three");
+    assert!(
+        first.header("content-length").is_none(),
+        "streamed, not buffered"
+    );
+    let replay = app.post(Some("k"), "").await;
+    assert_eq!(replay.status, StatusCode::ACCEPTED);
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(replay.body, "one,two,three");
+    assert_eq!(app.count(), 1);
+}
