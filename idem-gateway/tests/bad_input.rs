@@ -196,3 +196,37 @@ fn json_errors_are_one_object() {
     assert_eq!(value["ok"], false);
     assert!(value["error"].as_str().unwrap().starts_with(path(&bad)));
 }
+
+#[test]
+fn admin_commands_refuse_the_memory_store_and_bad_arguments() {
+    assert_one_line_error(
+        &idem(&["keys", "list"]),
+        &["memory store lives inside each"],
+    );
+    assert_one_line_error(
+        &idem(&[
+            "--store",
+            "redis://127.0.0.1:6379",
+            "keys",
+            "get",
+            "bad\u{1}key",
+        ]),
+        &["KEY", "printable ASCII"],
+    );
+    assert_one_line_error(
+        &idem(&[
+            "--store",
+            "redis://127.0.0.1:6379",
+            "keys",
+            "list",
+            "--older-than",
+            "soon",
+        ]),
+        &["--older-than", "invalid duration"],
+    );
+}
+
+#[test]
+fn serve_without_an_upstream_says_so() {
+    assert_one_line_error(&idem(&["serve", "--no-admin"]), &["no upstream"]);
+}

@@ -649,9 +649,22 @@ impl Config {
             token,
         });
 
+        let level = match &log.level {
+            Some(spanned) => {
+                let level = spanned.get_ref();
+                if let Err(err) = tracing_subscriber::EnvFilter::try_new(level) {
+                    return Err(origin.error_at(
+                        Some(spanned.span().start),
+                        format!("invalid log level {level:?}: {err}"),
+                    ));
+                }
+                level.clone()
+            }
+            None => defaults::LOG_LEVEL.to_owned(),
+        };
         let log = LogConfig {
             format: log.format.unwrap_or_default(),
-            level: log.level.unwrap_or_else(|| defaults::LOG_LEVEL.to_owned()),
+            level,
         };
 
         let base = RouteSettings::default();

@@ -94,7 +94,7 @@ pub struct LogSection {
     /// `text` or `json`.
     pub format: Option<LogFormat>,
     /// A tracing filter (`info`, `idem=debug,info`); `RUST_LOG` wins over it.
-    pub level: Option<String>,
+    pub level: Option<Spanned<String>>,
 }
 
 /// How logs are written.
