@@ -7,9 +7,10 @@
 //!
 //! - `--listen ADDR`: where to listen (default `127.0.0.1:0`; port 0 picks a free port). The
 //!   first line on stdout is the bound address.
-//! - `--store URL`: `memory` (the default) or `redis://HOST:PORT[/DB]` (namespace
-//!   `idem-fixture`; the `redis` feature, on by default). The fixture exits with an error if
-//!   the store cannot be reached at start.
+//! - `--store URL`: `memory` (the default), `redis://HOST:PORT[/DB]` (namespace
+//!   `idem-fixture`), `postgres://USER@HOST/DB` (schema `idem_fixture`, migrated on connect)
+//!   or `redb:PATH` (each behind the cargo feature of its name, all on by default). The fixture
+//!   exits with an error if the store cannot be reached at start.
 //! - `--retention-ms N`: how long a response is kept (default 86400000, 24 h).
 //! - `--lease-ms N`: the lease of a claim (default 30000); the heartbeat runs every third of it.
 //! - `--bare`: no layer (the baseline of the benchmarks).
@@ -38,6 +39,7 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use idem_core::Store;
 use idem_http::{Config, IdempotencyLayer};
 use idem_store_memory::MemoryStore;
 
@@ -45,7 +47,7 @@ use idem_store_memory::MemoryStore;
 const MAX_LARGE: usize = 256 * 1024 * 1024;
 const MAX_SLOW_MS: u64 = 600_000;
 
-const USAGE: &str = "usage: idem-fixture [--listen ADDR] [--store memory|redis://HOST:PORT] [--retention-ms N] [--lease-ms N] [--bare]";
+const USAGE: &str = "usage: idem-fixture [--listen ADDR] [--store memory|redis://HOST:PORT|postgres://USER@HOST/DB|redb:PATH] [--retention-ms N] [--lease-ms N] [--bare]";
 
 /// The command line.
 #[derive(Debug)]
@@ -207,50 +209,87 @@ async fn reset(State(counter): State<Counter>) -> StatusCode {
 
 /// The layer for `args`, or why it cannot be built.
 async fn layer(args: &Args) -> Result<IdempotencyLayer, String> {
-    let builder = Config::builder()
+    let (store, label) = open_store(&args.store).await?;
+    let config = Config::builder()
         .require_key()
         .lease(args.lease)
         .heartbeat(args.lease / 3)
-        .retention(args.retention);
-    match args.store.as_str() {
-        "memory" => {
-            let config = builder
-                .store_label("memory")
-                .build()
-                .map_err(|e| e.to_string())?;
-            Ok(IdempotencyLayer::with_config(MemoryStore::new(), config))
-        }
-        url if url.starts_with("redis://") || url.starts_with("rediss://") => {
-            let config = builder
-                .store_label("redis")
-                .build()
-                .map_err(|e| e.to_string())?;
-            Ok(IdempotencyLayer::with_config(
-                redis_store(url).await?,
-                config,
-            ))
-        }
-        other => Err(format!(
-            "--store {other:?}: unknown store; this build has `memory` and `redis://...`"
-        )),
+        .retention(args.retention)
+        .store_label(label)
+        .build()
+        .map_err(|e| e.to_string())?;
+    Ok(IdempotencyLayer::from_arc(store, config))
+}
+
+/// The store `--store` names, and its metrics label.
+async fn open_store(spec: &str) -> Result<(Arc<dyn Store>, &'static str), String> {
+    let failed = |e: &dyn std::fmt::Display| format!("--store {spec}: {e}");
+    if spec == "memory" {
+        return Ok((Arc::new(MemoryStore::new()), "memory"));
     }
+    if spec.starts_with("redis://") || spec.starts_with("rediss://") {
+        return redis_store(spec).await.map_err(|e| failed(&e));
+    }
+    if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
+        return postgres_store(spec).await.map_err(|e| failed(&e));
+    }
+    if let Some(path) = spec.strip_prefix("redb:") {
+        return redb_store(path).map_err(|e| failed(&e));
+    }
+    Err(failed(
+        &"unknown store: memory, redis://HOST:PORT, postgres://USER@HOST/DB or redb:PATH",
+    ))
+}
+
+/// Why a store feature is missing from this build.
+#[allow(dead_code)]
+fn not_built(feature: &str) -> String {
+    format!("this build has no {feature} store (build idem-fixture with the `{feature}` feature)")
 }
 
 #[cfg(feature = "redis")]
-async fn redis_store(url: &str) -> Result<idem_store_redis::RedisStore, String> {
-    let config = idem_store_redis::RedisConfig::new(url)
+async fn redis_store(url: &str) -> Result<(Arc<dyn Store>, &'static str), String> {
+    use idem_store_redis::{RedisConfig, RedisStore};
+    let config = RedisConfig::new(url)
         .and_then(|config| config.with_namespace("idem-fixture"))
-        .map_err(|e| format!("--store {url}: {e}"))?;
-    idem_store_redis::RedisStore::connect(config)
+        .map_err(|e| e.to_string())?;
+    let store = RedisStore::connect(config)
         .await
-        .map_err(|e| format!("--store {url}: {e}"))
+        .map_err(|e| e.to_string())?;
+    Ok((Arc::new(store), "redis"))
 }
 
 #[cfg(not(feature = "redis"))]
-async fn redis_store(url: &str) -> Result<MemoryStore, String> {
-    Err(format!(
-        "--store {url}: this build has no Redis store (build idem-fixture with the `redis` feature)"
-    ))
+async fn redis_store(_: &str) -> Result<(Arc<dyn Store>, &'static str), String> {
+    Err(not_built("redis"))
+}
+
+#[cfg(feature = "postgres")]
+async fn postgres_store(url: &str) -> Result<(Arc<dyn Store>, &'static str), String> {
+    use idem_store_postgres::{PostgresConfig, PostgresStore};
+    let config = PostgresConfig::new(url)
+        .and_then(|config| config.with_schema("idem_fixture"))
+        .map_err(|e| e.to_string())?;
+    let store = PostgresStore::connect(config)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((Arc::new(store), "postgres"))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn postgres_store(_: &str) -> Result<(Arc<dyn Store>, &'static str), String> {
+    Err(not_built("postgres"))
+}
+
+#[cfg(feature = "redb")]
+fn redb_store(path: &str) -> Result<(Arc<dyn Store>, &'static str), String> {
+    let store = idem_store_redb::RedbStore::open(path).map_err(|e| e.to_string())?;
+    Ok((Arc::new(store), "redb"))
+}
+
+#[cfg(not(feature = "redb"))]
+fn redb_store(_: &str) -> Result<(Arc<dyn Store>, &'static str), String> {
+    Err(not_built("redb"))
 }
 
 async fn app(args: &Args) -> Result<Router, String> {

@@ -1,6 +1,7 @@
 //! Every behaviour of DESIGN.md section 5, black-box: the fixture binary on 127.0.0.1:0, a real
-//! HTTP client, on every store the build has (memory always; Redis with the `redis` feature,
-//! skipping loudly when no server answers outside CI and failing under CI=true).
+//! HTTP client, on every store the build has: memory always; Redis, PostgreSQL and redb with
+//! the fixture's features of those names (a missing server skips loudly outside CI and fails
+//! under CI=true).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
@@ -31,6 +32,28 @@ macro_rules! on_every_store {
                 async fn $behaviour() {
                     let Some(url) = super::support::redis_url() else { return };
                     super::$behaviour(&url).await;
+                }
+            )*
+        }
+
+        #[cfg(feature = "postgres")]
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    let Some(url) = super::support::postgres_url() else { return };
+                    super::$behaviour(&url).await;
+                }
+            )*
+        }
+
+        #[cfg(feature = "redb")]
+        mod redb {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    let file = super::support::TempFile::new(stringify!($behaviour));
+                    super::$behaviour(&format!("redb:{}", file.path())).await;
                 }
             )*
         }

@@ -237,3 +237,46 @@ pub fn redis_url() -> Option<String> {
         .to_owned();
     idem_testkit::probe::require_tcp("Redis", &host_port).then_some(url)
 }
+
+/// The PostgreSQL URL for the tests, if a server answers there (loud skip outside CI, failure
+/// under CI=true).
+pub fn postgres_url() -> Option<String> {
+    let url = idem_testkit::probe::service_url(
+        "IDEM_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    );
+    let host_port = url
+        .split('@')
+        .next_back()
+        .unwrap_or_default()
+        .trim_start_matches("postgres://")
+        .trim_start_matches("postgresql://")
+        .split(['/', '?'])
+        .next()
+        .unwrap_or_default();
+    let host_port = if host_port.contains(':') {
+        host_port.to_owned()
+    } else {
+        format!("{host_port}:5432")
+    };
+    idem_testkit::probe::require_tcp("PostgreSQL", &host_port).then_some(url)
+}
+
+/// A file path in the temporary directory, removed when dropped.
+pub struct TempFile(std::path::PathBuf);
+
+impl TempFile {
+    pub fn new(name: &str) -> TempFile {
+        TempFile(std::env::temp_dir().join(format!("{}.redb", unique(name))))
+    }
+
+    pub fn path(&self) -> String {
+        self.0.display().to_string()
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
