@@ -109,9 +109,13 @@ if redis-cli -u "$REDIS_URL" ping >/dev/null 2>&1 && start --store "$REDIS_URL" 
     run_case redis_unique unique-keys.lua --store "$REDIS_URL"
     run_case redis_replay replay.lua --store "$REDIS_URL"
     # Round trips (EVALSHA) and commands run inside the scripts, per request.
-    for kind in unique replay; do
+    for kind in unique replay conflict; do
         start --store "$REDIS_URL"
-        script=$([ $kind = unique ] && echo unique-keys.lua || echo replay.lua)
+        case $kind in
+            unique) script=unique-keys.lua ;;
+            replay) script=replay.lua ;;
+            conflict) script=conflict.lua ;;
+        esac
         wrk -t1 -c1 -d1s -s "bench/http/$script" "http://$addr" >/dev/null # warm: the replay key exists
         trips=$(calls '^evalsha$')
         inside=$(calls '^(hset|hget|hgetall|hmget|hdel|del|pexpire|pexpireat|time|exists|expire|unlink|set|get)$')
@@ -140,8 +144,8 @@ row "layer, memory store" memory
 if $redis; then
     row "layer, Redis store" redis
     echo
-    echo "Redis round trips (EVALSHA) per request: first execution ${result[redis_unique_trips]}, replay ${result[redis_replay_trips]}"
-    echo "(commands the scripts run inside the server, per request: ${result[redis_unique_inside]} and ${result[redis_replay_inside]})"
+    echo "Redis round trips (EVALSHA) per request: first execution ${result[redis_unique_trips]}, replay ${result[redis_replay_trips]}, conflict ${result[redis_conflict_trips]}"
+    echo "(commands the scripts run inside the server, per request: ${result[redis_unique_inside]}, ${result[redis_replay_inside]} and ${result[redis_conflict_inside]})"
 else
     echo
     echo "(Redis not measured: no server at $REDIS_URL, or this idem-fixture has no Redis store)"
