@@ -60,12 +60,15 @@ impl From<ConfigError> for Failure {
     }
 }
 
-/// Runs the command the command line names. `metrics` renders the Prometheus text of the
-/// recorder the binary installed (served on the admin listener's `/metrics`).
+/// Runs the command the command line names. `install_metrics` installs the binary's metrics
+/// recorder and returns what renders it (served on the admin listener's `/metrics`); it is
+/// called only by the commands that serve, and only when the admin listener runs: without a
+/// place to read them, metrics are not recorded at all.
 ///
 /// # Errors
 /// [`Failure`], with the exit code to end with.
-pub fn run(cli: Cli, metrics: Option<RenderMetrics>) -> Result<(), Failure> {
+pub fn run(cli: Cli, install_metrics: &dyn Fn() -> Option<RenderMetrics>) -> Result<(), Failure> {
+    let metrics_for = |config: &Config| config.admin.as_ref().and_then(|_| install_metrics());
     let overrides = cli.overrides.to_overrides();
     match cli.command {
         Command::CheckConfig { path, json } => {
@@ -77,10 +80,16 @@ pub fn run(cli: Cli, metrics: Option<RenderMetrics>) -> Result<(), Failure> {
             let config = config::load(cli.config.as_deref(), &overrides)?;
             config.require_upstream()?;
             check_routes(&config)?;
+            let metrics = metrics_for(&config);
             runtime()?.block_on(serve(config, metrics))
         }
         Command::Demo => {
             let config = config::load(cli.config.as_deref(), &overrides)?;
+            let metrics = if overrides.no_admin {
+                None
+            } else {
+                install_metrics()
+            };
             runtime()?.block_on(crate::demo::run(config, &overrides, metrics))
         }
         Command::Keys { command } => {

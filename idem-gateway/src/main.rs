@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use idem_gateway::admin::RenderMetrics;
-use idem_gateway::cli::{Cli, Command};
+use idem_gateway::cli::Cli;
 use idem_gateway::commands;
 use metrics_exporter_prometheus::PrometheusBuilder;
 
@@ -30,11 +30,7 @@ fn install_metrics() -> Option<RenderMetrics> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let metrics = match cli.command {
-        Command::Serve | Command::Demo => install_metrics(),
-        _ => None,
-    };
-    match commands::run(cli, metrics) {
+    match commands::run(cli, &install_metrics) {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
             let _ = writeln!(std::io::stderr().lock(), "error: {failure}");

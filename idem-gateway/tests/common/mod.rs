@@ -28,14 +28,20 @@ use idem_gateway::commands::{Running, start_with_store};
 use idem_gateway::config::{self, Config, Overrides};
 use idem_store_memory::MemoryStore;
 
-/// The idem-fixture binary, built (or found up to date) once per test process, next to this
-/// test's own target directory.
+/// The idem-fixture binary of this test's target directory. `cargo test --workspace` has built
+/// it; when it is missing (`cargo test -p idem-gateway` on a fresh target directory), it is
+/// built here once. An existing binary is used as it is: rebuilding it here with another
+/// feature set would replace the one the workspace's other tests run.
 pub fn fixture_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         let exe = std::env::current_exe().unwrap();
         // target/<profile>/deps/<test> -> target/<profile>
         let profile_dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
+        let bin = profile_dir.join(format!("idem-fixture{}", std::env::consts::EXE_SUFFIX));
+        if bin.exists() {
+            return bin;
+        }
         let target_dir = profile_dir.parent().unwrap().to_path_buf();
         let mut build = Command::new(env!("CARGO"));
         build
@@ -56,7 +62,6 @@ pub fn fixture_bin() -> PathBuf {
         }
         let status = build.status().expect("run cargo build -p idem-fixture");
         assert!(status.success(), "cargo build -p idem-fixture failed");
-        let bin = profile_dir.join(format!("idem-fixture{}", std::env::consts::EXE_SUFFIX));
         assert!(bin.exists(), "{} was not built", bin.display());
         bin
     })

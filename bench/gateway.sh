@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# The idem gateway against nginx, in front of the same upstream (idem-fixture --bare), in one
+# run: the upstream direct, nginx proxy_pass (keep-alive pool), `idem serve` on the memory store
+# and on Redis. wrk -t2 -c64 for 10 s, POST /echo with a unique Idempotency-Key per request
+# (bench/http/unique-keys.lua: every request a first execution) and with one key
+# (bench/http/replay.lua: every request after the first a replay). Prints requests per second
+# and p99 latency, with their ratios to nginx, as a markdown table.
+#
+#   bench/gateway.sh
+#   DURATION=30s bench/gateway.sh
+#   REDIS_URL=redis://127.0.0.1:6379 bench/gateway.sh
+#
+# Installs wrk and nginx from Debian's packages when missing. Everything listens on 127.0.0.1.
+# The gateways run with their admin listener, so metrics are recorded as in production.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${DURATION:-10s}
+THREADS=${THREADS:-2}
+CONNECTIONS=${CONNECTIONS:-64}
+REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
+
+install_missing() {
+    local missing=()
+    command -v wrk >/dev/null 2>&1 || missing+=(wrk)
+    command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "installing ${missing[*]} from Debian's packages" >&2
+        local sudo=""
+        [ "$(id -u)" -eq 0 ] || sudo=sudo
+        $sudo apt-get update -qq >&2
+        $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
+    fi
+}
+install_missing
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+
+echo "building idem-fixture and idem (release, with the redis store)" >&2
+cargo build --release -q -p idem-fixture -p idem-gateway --features idem-gateway/redis
+target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+fixture="$target_dir/release/idem-fixture"
+idem="$target_dir/release/idem"
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    if [ -f "$work/nginx.pid" ]; then kill "$(cat "$work/nginx.pid")" 2>/dev/null || true; fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+# wait_line <file> <prefix>: the rest of the first line of <file> starting with <prefix>.
+wait_line() {
+    for _ in $(seq 100); do
+        local line
+        line=$(grep -m1 "^$2" "$1" 2>/dev/null || true)
+        if [ -n "$line" ]; then echo "${line#"$2"}"; return 0; fi
+        sleep 0.1
+    done
+    echo "no '$2' line in $1:" >&2
+    cat "$1" >&2
+    return 1
+}
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# The upstream.
+"$fixture" --bare --listen 127.0.0.1:0 >"$work/fixture.out" 2>&1 &
+pids+=($!)
+upstream=$(wait_line "$work/fixture.out" "")
+
+# nginx, as a reverse proxy with a keep-alive pool to the upstream (what idem does too).
+nginx_port=$(free_port)
+mkdir -p "$work/nginx"
+cat >"$work/nginx.conf" <<EOF
+worker_processes 2;
+pid $work/nginx.pid;
+error_log $work/nginx/error.log warn;
+daemon on;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $work/nginx;
+    proxy_temp_path $work/nginx;
+    fastcgi_temp_path $work/nginx;
+    uwsgi_temp_path $work/nginx;
+    scgi_temp_path $work/nginx;
+    upstream fixture { server $upstream; keepalive 256; }
+    server {
+        listen 127.0.0.1:$nginx_port;
+        location / {
+            proxy_pass http://fixture;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host \$host;
+            proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Proto \$scheme;
+        }
+    }
+}
+EOF
+"$NGINX" -c "$work/nginx.conf" -p "$work/nginx" -e "$work/nginx/error.log"
+nginx_addr="127.0.0.1:$nginx_port"
+
+# idem serve: start_idem <name> <store>; sets the address in addr_<name>.
+start_idem() {
+    RUST_LOG=warn "$idem" serve --upstream "http://$upstream" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 \
+        --store "$2" >"$work/$1.out" 2>&1 &
+    pids+=($!)
+    printf -v "addr_$1" '%s' "$(wait_line "$work/$1.out" "listening on ")"
+}
+start_idem memory memory
+redis=false
+if redis-cli -u "$REDIS_URL" ping >/dev/null 2>&1; then
+    start_idem redis "$REDIS_URL"
+    redis=true
+fi
+
+# to_ms <wrk latency>: milliseconds.
+to_ms() {
+    awk -v v="$1" 'BEGIN {
+        n = v + 0; u = v; sub(/^[0-9.]+/, "", u)
+        if (u == "us") n /= 1000; else if (u == "s") n *= 1000; else if (u == "m") n *= 60000
+        printf "%.2f", n }'
+}
+
+# measure <addr> <script>: "<requests per second> <p99 ms> <non-2xx>".
+measure() {
+    wrk -t"$THREADS" -c"$CONNECTIONS" -d2s -s "bench/http/$2" "http://$1" >/dev/null
+    local out rps p99 errors
+    out=$(wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --latency -s "bench/http/$2" "http://$1")
+    rps=$(awk '/^Requests\/sec:/ { print $2 }' <<<"$out")
+    p99=$(awk '$1 == "99%" { print $2 }' <<<"$out")
+    errors=$(awk '/Non-2xx or 3xx responses:/ { print $5 }' <<<"$out")
+    echo "$rps $(to_ms "$p99") ${errors:-0}"
+}
+
+declare -A rps p99 errs
+targets=(direct nginx memory)
+addr_direct=$upstream
+addr_nginx=$nginx_addr
+$redis && targets+=(redis)
+for target in "${targets[@]}"; do
+    addr_var="addr_$target"
+    for script in unique-keys.lua replay.lua; do
+        echo "measuring $target with $script" >&2
+        read -r r p e <<<"$(measure "${!addr_var}" "$script")"
+        rps[$target,$script]=$r
+        p99[$target,$script]=$p
+        errs[$target,$script]=$e
+    done
+done
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
+label() {
+    case $1 in
+    direct) echo "upstream direct" ;;
+    nginx) echo "nginx proxy_pass" ;;
+    memory) echo "idem serve, memory store" ;;
+    redis) echo "idem serve, Redis store" ;;
+    esac
+}
+
+echo
+echo "wrk -t$THREADS -c$CONNECTIONS -d$DURATION --latency, POST /echo (32-byte JSON body) to idem-fixture --bare, $(nproc) cores shared by wrk, the proxy and the upstream, $(date -u +%Y-%m-%d)"
+echo
+echo "| target | unique keys: req/s | x nginx | p99 ms | x nginx | replays: req/s | x nginx | p99 ms | x nginx |"
+echo "|---|---|---|---|---|---|---|---|---|"
+for target in "${targets[@]}"; do
+    u=unique-keys.lua
+    r=replay.lua
+    echo "| $(label "$target") | ${rps[$target,$u]} | $(ratio "${rps[$target,$u]}" "${rps[nginx,$u]}") | ${p99[$target,$u]} | $(ratio "${p99[$target,$u]}" "${p99[nginx,$u]}") | ${rps[$target,$r]} | $(ratio "${rps[$target,$r]}" "${rps[nginx,$r]}") | ${p99[$target,$r]} | $(ratio "${p99[$target,$r]}" "${p99[nginx,$r]}") |"
+done
+for target in "${targets[@]}"; do
+    for script in unique-keys.lua replay.lua; do
+        if [ "${errs[$target,$script]}" != 0 ]; then
+            echo "warning: $target $script: ${errs[$target,$script]} non-2xx responses" >&2
+        fi
+    done
+done
+$redis || echo "(Redis not measured: no server at $REDIS_URL)"
