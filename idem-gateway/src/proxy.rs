@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
@@ -182,7 +181,11 @@ impl Tracker {
     pub async fn wait_idle(&self, limit: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
+            // Registered before the count is read, so a guard dropped in between still wakes
+            // this waiter.
             let idle = self.shared.idle.notified();
+            let mut idle = std::pin::pin!(idle);
+            idle.as_mut().enable();
             if self.in_flight() == 0 {
                 return true;
             }
@@ -400,12 +403,10 @@ impl Service<Request<RequestBody>> for Proxy {
     }
 }
 
-/// Bytes of an upstream response, for tests.
-pub type Chunk = Bytes;
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
 
     #[test]
     fn hop_by_hop_headers_and_the_ones_connection_names_are_removed() {
