@@ -981,3 +981,29 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
         "a panic without a message".to_owned()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacted_keys_show_a_digest_only() {
+        let key = RecordKey::unscoped(IdempotencyKey::new("user@example.com:welcome").unwrap());
+        let shown = KeyField {
+            key: &key,
+            redact: true,
+        }
+        .to_string();
+        assert!(
+            shown.starts_with("sha256:") && shown.len() == 7 + 16,
+            "{shown}"
+        );
+        assert!(!shown.contains("example"));
+        let plain = KeyField {
+            key: &key,
+            redact: false,
+        }
+        .to_string();
+        assert_eq!(plain, "user@example.com:welcome");
+    }
+}

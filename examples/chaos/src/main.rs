@@ -26,7 +26,6 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_nats::HeaderMap;
 use idem_core::IdempotencyKey;
 use idem_store_postgres::deadpool_postgres::Transaction;
 use idem_store_postgres::tokio_postgres::{self, NoTls};
@@ -36,7 +35,7 @@ use idem_worker::{Disposition, JobContext, JobError, JobGuard, ResultExt, RetryP
 use idem_worker_postgres::PgJobGuard;
 use lapin::options::{ConfirmSelectOptions, QueueDeleteOptions};
 use lapin::{Connection, ConnectionProperties};
-use queue_common::{DispositionFuture, Error, Job, KEY_HEADER};
+use queue_common::{DispositionFuture, Error, Job};
 use rand::Rng;
 use rand::seq::SliceRandom;
 use tokio::process::{Child, Command};
@@ -311,18 +310,10 @@ async fn publish(urls: &Urls, names: &Names, messages: &[u32]) -> Result<(), Err
             let client = async_nats::connect(&urls.nats).await?;
             nats_consumer(&client, names).await?;
             let js = async_nats::jetstream::new(client);
-            let mut acks = Vec::with_capacity(messages.len());
-            for &job in messages {
-                let mut headers = HeaderMap::new();
-                headers.insert(KEY_HEADER, format!("job:{job}").as_str());
-                acks.push(
-                    js.publish_with_headers(names.subject(), headers, payload(job).into())
-                        .await?,
-                );
-            }
-            for ack in acks {
-                ack.await?;
-            }
+            let messages = messages
+                .iter()
+                .map(|&job| (Some(format!("job:{job}")), payload(job).into()));
+            worker_nats::publish(&js, &names.subject(), messages).await?;
         }
         _ => {
             let connection =

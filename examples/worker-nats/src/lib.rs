@@ -99,6 +99,37 @@ pub async fn ensure_consumer(
     Ok(consumer)
 }
 
+/// Publishes `(key, payload)` messages on `subject`, the key in the `Idempotency-Key` header
+/// (none: no header), and waits for the stream's acks, a batch at a time (the client bounds
+/// the acks it keeps pending: awaiting them all at the end would stall a large batch).
+///
+/// # Errors
+/// The server's refusal, or a lost connection.
+pub async fn publish<I>(js: &jetstream::Context, subject: &str, messages: I) -> Result<(), Error>
+where
+    I: IntoIterator<Item = (Option<String>, Bytes)>,
+{
+    const BATCH: usize = 256;
+    let mut acks = Vec::with_capacity(BATCH);
+    let mut messages = messages.into_iter().peekable();
+    while let Some((key, payload)) = messages.next() {
+        let mut headers = HeaderMap::new();
+        if let Some(key) = key {
+            headers.insert(KEY_HEADER, key.as_str());
+        }
+        acks.push(
+            js.publish_with_headers(subject.to_owned(), headers, payload)
+                .await?,
+        );
+        if acks.len() == BATCH || messages.peek().is_none() {
+            for ack in acks.drain(..) {
+                ack.await?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Applies `disposition` to `message`: ack, nak with a delay, or term.
 ///
 /// # Errors

@@ -10,9 +10,8 @@
 
 use std::time::Duration;
 
-use async_nats::HeaderMap;
 use queue_common::{ctrl_c, demo_orders, ship_orders};
-use worker_nats::{Error, KEY_HEADER, consume, ensure_consumer};
+use worker_nats::{Error, consume, ensure_consumer};
 
 const STREAM: &str = "IDEM_EXAMPLE_JOBS";
 const SUBJECTS: &str = "idem.example.jobs.>";
@@ -42,13 +41,10 @@ async fn main() -> Result<(), Error> {
             let count: u64 = args.next().map_or(Ok(100), |n| n.parse())?;
             let js = async_nats::jetstream::new(client);
             let orders = demo_orders(count);
-            for (key, payload) in &orders {
-                let mut headers = HeaderMap::new();
-                headers.insert(KEY_HEADER, key.as_str());
-                js.publish_with_headers("idem.example.jobs.ship", headers, payload.clone().into())
-                    .await?
-                    .await?;
-            }
+            let messages = orders
+                .iter()
+                .map(|(key, payload)| (Some(key.clone()), payload.clone().into()));
+            worker_nats::publish(&js, "idem.example.jobs.ship", messages).await?;
             println!("published {count} jobs ({} messages)", orders.len());
         }
         Some("work") => {

@@ -4,11 +4,10 @@
 
 use std::time::Duration;
 
-use async_nats::HeaderMap;
 use idem_testkit::probe::{require_tcp, service_url};
 use queue_common::scenario::{self, Tally};
 use tokio_util::sync::CancellationToken;
-use worker_nats::{KEY_HEADER, consume, ensure_consumer};
+use worker_nats::{consume, ensure_consumer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dispositions_map_to_ack_nak_and_term() {
@@ -31,17 +30,12 @@ async fn dispositions_map_to_ack_nak_and_term() {
     .await
     .unwrap();
     let js = async_nats::jetstream::new(client.clone());
-    for (key, body) in scenario::messages() {
-        let mut headers = HeaderMap::new();
-        if let Some(key) = key {
-            headers.insert(KEY_HEADER, key.as_str());
-        }
-        js.publish_with_headers(format!("{subject}.job"), headers, body.into())
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-    }
+    let messages = scenario::messages()
+        .into_iter()
+        .map(|(key, body)| (key, body.into()));
+    worker_nats::publish(&js, &format!("{subject}.job"), messages)
+        .await
+        .unwrap();
 
     let tally = Tally::default();
     let stop = CancellationToken::new();
