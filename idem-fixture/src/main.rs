@@ -41,7 +41,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use idem_core::Store;
 use idem_http::{Config, IdempotencyLayer};
-use idem_store_memory::MemoryStore;
 
 /// The largest `/large` and `/slow` arguments, so a typo cannot exhaust the machine.
 const MAX_LARGE: usize = 256 * 1024 * 1024;
@@ -223,73 +222,10 @@ async fn layer(args: &Args) -> Result<IdempotencyLayer, String> {
 
 /// The store `--store` names, and its metrics label.
 async fn open_store(spec: &str) -> Result<(Arc<dyn Store>, &'static str), String> {
-    let failed = |e: &dyn std::fmt::Display| format!("--store {spec}: {e}");
-    if spec == "memory" {
-        return Ok((Arc::new(MemoryStore::new()), "memory"));
-    }
-    if spec.starts_with("redis://") || spec.starts_with("rediss://") {
-        return redis_store(spec).await.map_err(|e| failed(&e));
-    }
-    if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
-        return postgres_store(spec).await.map_err(|e| failed(&e));
-    }
-    if let Some(path) = spec.strip_prefix("redb:") {
-        return redb_store(path).map_err(|e| failed(&e));
-    }
-    Err(failed(
-        &"unknown store: memory, redis://HOST:PORT, postgres://USER@HOST/DB or redb:PATH",
-    ))
-}
-
-/// Why a store feature is missing from this build.
-#[allow(dead_code)]
-fn not_built(feature: &str) -> String {
-    format!("this build has no {feature} store (build idem-fixture with the `{feature}` feature)")
-}
-
-#[cfg(feature = "redis")]
-async fn redis_store(url: &str) -> Result<(Arc<dyn Store>, &'static str), String> {
-    use idem_store_redis::{RedisConfig, RedisStore};
-    let config = RedisConfig::new(url)
-        .and_then(|config| config.with_namespace("idem-fixture"))
-        .map_err(|e| e.to_string())?;
-    let store = RedisStore::connect(config)
+    let opened = idem::open(spec, "idem_fixture")
         .await
-        .map_err(|e| e.to_string())?;
-    Ok((Arc::new(store), "redis"))
-}
-
-#[cfg(not(feature = "redis"))]
-async fn redis_store(_: &str) -> Result<(Arc<dyn Store>, &'static str), String> {
-    Err(not_built("redis"))
-}
-
-#[cfg(feature = "postgres")]
-async fn postgres_store(url: &str) -> Result<(Arc<dyn Store>, &'static str), String> {
-    use idem_store_postgres::{PostgresConfig, PostgresStore};
-    let config = PostgresConfig::new(url)
-        .and_then(|config| config.with_schema("idem_fixture"))
-        .map_err(|e| e.to_string())?;
-    let store = PostgresStore::connect(config)
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok((Arc::new(store), "postgres"))
-}
-
-#[cfg(not(feature = "postgres"))]
-async fn postgres_store(_: &str) -> Result<(Arc<dyn Store>, &'static str), String> {
-    Err(not_built("postgres"))
-}
-
-#[cfg(feature = "redb")]
-fn redb_store(path: &str) -> Result<(Arc<dyn Store>, &'static str), String> {
-    let store = idem_store_redb::RedbStore::open(path).map_err(|e| e.to_string())?;
-    Ok((Arc::new(store), "redb"))
-}
-
-#[cfg(not(feature = "redb"))]
-fn redb_store(_: &str) -> Result<(Arc<dyn Store>, &'static str), String> {
-    Err(not_built("redb"))
+        .map_err(|e| format!("--{e}"))?;
+    Ok((opened.store, opened.label))
 }
 
 async fn app(args: &Args) -> Result<Router, String> {

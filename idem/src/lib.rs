@@ -51,6 +51,9 @@
 
 pub use idem_core::*;
 
+mod open;
+pub use open::{OpenError, Opened, open};
+
 /// The embedded in-memory store (feature `memory`, on by default).
 #[cfg(feature = "memory")]
 pub use idem_store_memory::{MemoryStore, MemoryStoreBuilder};

@@ -3,7 +3,7 @@
 //! timeout never charges twice. See the README for a walk through it with curl.
 //!
 //! ```text
-//! axum-payments [--listen ADDR] [--store memory|redis://HOST:PORT] [--provider-latency-ms N]
+//! axum-payments [--listen ADDR] [--store memory|redis://HOST:PORT|postgres://USER@HOST/DB|redb:PATH] [--provider-latency-ms N]
 //! ```
 //!
 //! A charge at the simulated payment provider takes `--provider-latency-ms` (default 2000), long
@@ -21,7 +21,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use idem_http::{Config, IdempotencyContext, IdempotencyLayer};
-use idem_store_memory::MemoryStore;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
@@ -162,35 +161,18 @@ fn app(layer: IdempotencyLayer, provider_latency: Duration) -> Router {
         })
 }
 
-/// The layer over the store named on the command line: `memory`, or a `redis://` URL.
+/// The layer over the store named on the command line: `memory`, `redis://...`,
+/// `postgres://...` or `redb:PATH`.
 async fn layer(store: &str) -> Result<IdempotencyLayer, String> {
-    let config = |label| {
-        Config::builder()
-            .require_key()
-            .store_label(label)
-            .build()
-            .map_err(|e| e.to_string())
-    };
-    match store {
-        "memory" => Ok(IdempotencyLayer::with_config(
-            MemoryStore::new(),
-            config("memory")?,
-        )),
-        #[cfg(feature = "redis")]
-        url if url.starts_with("redis://") || url.starts_with("rediss://") => {
-            use idem_store_redis::{RedisConfig, RedisStore};
-            let redis = RedisConfig::new(url)
-                .and_then(|c| c.with_namespace("axum-payments"))
-                .map_err(|e| format!("--store {url}: {e}"))?;
-            let store = RedisStore::connect(redis)
-                .await
-                .map_err(|e| format!("--store {url}: {e}"))?;
-            Ok(IdempotencyLayer::with_config(store, config("redis")?))
-        }
-        other => Err(format!(
-            "--store {other}: not a store of this build (`memory`, `redis://HOST:PORT`)"
-        )),
-    }
+    let opened = idem::open(store, "axum_payments")
+        .await
+        .map_err(|e| format!("--{e}"))?;
+    let config = Config::builder()
+        .require_key()
+        .store_label(opened.label)
+        .build()
+        .map_err(|e| e.to_string())?;
+    Ok(IdempotencyLayer::from_arc(opened.store, config))
 }
 
 async fn run() -> Result<(), String> {
@@ -211,7 +193,7 @@ async fn run() -> Result<(), String> {
             }
             other => {
                 return Err(format!(
-                    "unknown flag {other}; usage: axum-payments [--listen ADDR] [--store memory|redis://HOST:PORT] [--provider-latency-ms N]"
+                    "unknown flag {other}; usage: axum-payments [--listen ADDR] [--store memory|redis://HOST:PORT|postgres://USER@HOST/DB|redb:PATH] [--provider-latency-ms N]"
                 ));
             }
         }
