@@ -435,8 +435,10 @@ mod tests {
 
     #[tokio::test]
     async fn settled_records_make_room_for_new_claims() {
-        let (store, _clock) = store(8);
+        let (store, clock) = store(8);
         for i in 0..8 {
+            // Every record completes at its own time, so "oldest first" has one answer.
+            clock.advance(Duration::from_secs(1));
             let lease = acquire(&store, &format!("k{i}")).await;
             store
                 .complete(&lease, Bytes::new(), Duration::from_secs(3600))
@@ -444,6 +446,7 @@ mod tests {
                 .unwrap();
         }
         for i in 8..100 {
+            clock.advance(Duration::from_secs(1));
             let lease = acquire(&store, &format!("k{i}")).await;
             store
                 .complete(&lease, Bytes::new(), Duration::from_secs(3600))
