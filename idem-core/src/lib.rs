@@ -47,6 +47,7 @@ mod error;
 mod fingerprint;
 mod key;
 pub mod machine;
+pub mod metrics;
 mod record;
 mod store;
 mod time;

@@ -19,29 +19,15 @@ use std::future::Future;
 use std::time::Instant;
 
 use idem_core::StoreError;
+pub use idem_core::metrics::{
+    CLAIMS_ACQUIRED, COLLISIONS, FAILURES, LEASE_LOSSES, MISMATCHES, REPLAYS, STORE_ERRORS,
+    STORE_SECONDS, TAKEOVERS,
+};
 
 use crate::outcome::Outcome;
 
 /// Requests by outcome.
 pub const REQUESTS: &str = "idem_http_requests_total";
-/// Claims acquired (the handler ran).
-pub const CLAIMS_ACQUIRED: &str = "idem_claims_acquired_total";
-/// Duplicates answered from a completed record.
-pub const REPLAYS: &str = "idem_duplicates_replayed_total";
-/// Duplicates that met an in-flight record.
-pub const COLLISIONS: &str = "idem_in_flight_collisions_total";
-/// Keys reused with another request.
-pub const MISMATCHES: &str = "idem_mismatches_total";
-/// Executions whose claim was released, by kind.
-pub const FAILURES: &str = "idem_failures_total";
-/// Claims that took over a lapsed lease (a crashed holder).
-pub const TAKEOVERS: &str = "idem_lease_takeovers_total";
-/// Heartbeats refused: the lease was lost.
-pub const LEASE_LOSSES: &str = "idem_lease_losses_total";
-/// Store operation latency.
-pub const STORE_SECONDS: &str = "idem_store_operation_seconds";
-/// Store operation errors.
-pub const STORE_ERRORS: &str = "idem_store_errors_total";
 /// Responses stored without their body (over the storage cap).
 pub const OMITTED: &str = "idem_responses_omitted_total";
 

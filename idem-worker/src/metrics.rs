@@ -21,29 +21,15 @@ use std::future::Future;
 use std::time::Instant;
 
 use idem_core::StoreError;
+pub use idem_core::metrics::{
+    CLAIMS_ACQUIRED, COLLISIONS, FAILURES, LEASE_LOSSES, MISMATCHES, REPLAYS, STORE_ERRORS,
+    STORE_SECONDS, TAKEOVERS,
+};
 
 /// Jobs by outcome and disposition.
 pub const JOBS: &str = "idem_jobs_total";
 /// Time spent in the job closure.
 pub const JOB_SECONDS: &str = "idem_job_duration_seconds";
-/// Claims acquired (the job ran).
-pub const CLAIMS_ACQUIRED: &str = "idem_claims_acquired_total";
-/// Duplicates answered from a completed record.
-pub const REPLAYS: &str = "idem_duplicates_replayed_total";
-/// Duplicates that met an in-flight record.
-pub const COLLISIONS: &str = "idem_in_flight_collisions_total";
-/// Keys reused with another payload.
-pub const MISMATCHES: &str = "idem_mismatches_total";
-/// Job failures, by kind.
-pub const FAILURES: &str = "idem_failures_total";
-/// Claims that took over a lapsed lease (a crashed holder).
-pub const TAKEOVERS: &str = "idem_lease_takeovers_total";
-/// Leases lost while the job ran.
-pub const LEASE_LOSSES: &str = "idem_lease_losses_total";
-/// Store operation latency.
-pub const STORE_SECONDS: &str = "idem_store_operation_seconds";
-/// Store operation errors.
-pub const STORE_ERRORS: &str = "idem_store_errors_total";
 
 /// The labels every metric of one guard carries.
 #[derive(Clone, Debug)]
