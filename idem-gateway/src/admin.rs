@@ -1,6 +1,15 @@
 //! The admin listener: `GET /metrics` (Prometheus text), `/healthz` (the process answers),
-//! `/readyz` (the store answers). When a token is set, every request needs
-//! `Authorization: Bearer TOKEN` (401 otherwise).
+//! `/readyz` (the store answers), the key API under `/api/keys` (see [`api`]) and the
+//! operator's page `/ui` (see [`ui`]). When a token is set, every request needs
+//! `Authorization: Bearer TOKEN` (401 otherwise); `/ui` also accepts the session cookie that
+//! its login form sets (see [`session`]).
+
+pub mod api;
+pub mod client;
+pub mod form;
+pub mod monitor;
+pub mod session;
+pub mod ui;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -17,6 +26,9 @@ use idem_core::Store;
 use tokio::net::TcpListener;
 
 use crate::body::{GatewayBody, full};
+use crate::records::record_key;
+use monitor::Monitor;
+use session::Sessions;
 
 /// Renders the metrics as Prometheus text (the binary passes its exporter's handle).
 pub type RenderMetrics = Arc<dyn Fn() -> String + Send + Sync>;
@@ -30,6 +42,8 @@ pub struct Admin {
     store: Arc<dyn Store>,
     token: Option<Arc<str>>,
     metrics: Option<RenderMetrics>,
+    monitor: Arc<Monitor>,
+    sessions: Arc<Sessions>,
 }
 
 impl std::fmt::Debug for Admin {
@@ -38,7 +52,8 @@ impl std::fmt::Debug for Admin {
             .field("store", &self.store)
             .field("token", &self.token.as_ref().map(|_| "***"))
             .field("metrics", &self.metrics.is_some())
-            .finish()
+            .field("sessions", &self.sessions)
+            .finish_non_exhaustive()
     }
 }
 
@@ -53,7 +68,7 @@ fn text(status: StatusCode, body: impl Into<bytes::Bytes>) -> Response<GatewayBo
 }
 
 /// Compares without stopping at the first difference.
-fn same(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
@@ -69,6 +84,8 @@ impl Admin {
             store,
             token: token.map(Into::into),
             metrics,
+            monitor: Arc::new(Monitor::new()),
+            sessions: Arc::new(Sessions::new()),
         }
     }
 
@@ -83,20 +100,39 @@ impl Admin {
             .is_some_and(|given| same(given, token.as_bytes()))
     }
 
+    /// The 401 of a request without the token.
+    fn unauthorized() -> Response<GatewayBody> {
+        let mut response = text(StatusCode::UNAUTHORIZED, "a bearer token is required\n");
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"idem admin\""),
+        );
+        response
+    }
+
     /// Answers one admin request.
-    pub async fn handle<B>(&self, request: Request<B>) -> Response<GatewayBody> {
+    pub async fn handle<B>(&self, request: Request<B>) -> Response<GatewayBody>
+    where
+        B: http_body::Body,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let path = request.uri().path();
+        if path == "/ui" || path.starts_with("/ui/") {
+            return self.ui(request).await;
+        }
         if !self.authorized(&request) {
-            let mut response = text(StatusCode::UNAUTHORIZED, "a bearer token is required\n");
-            response.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer realm=\"idem admin\""),
-            );
-            return response;
+            return Self::unauthorized();
+        }
+        if path
+            .strip_prefix(api::PREFIX)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+        {
+            return api::handle(&*self.store, request.method(), path, request.uri().query()).await;
         }
         if request.method() != Method::GET && request.method() != Method::HEAD {
             return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");
         }
-        match request.uri().path() {
+        match path {
             "/healthz" => text(StatusCode::OK, "ok\n"),
             "/readyz" => match tokio::time::timeout(READY_TIMEOUT, self.store.ping()).await {
                 Ok(Ok(())) => text(StatusCode::OK, "ready\n"),
@@ -108,6 +144,7 @@ impl Admin {
             },
             "/metrics" => match &self.metrics {
                 Some(render) => {
+                    self.monitor.refresh_gauges(&*self.store).await;
                     let mut response = text(StatusCode::OK, render());
                     response.headers_mut().insert(
                         header::CONTENT_TYPE,
@@ -117,12 +154,128 @@ impl Admin {
                 }
                 None => text(StatusCode::NOT_FOUND, "no metrics recorder installed\n"),
             },
-            _ => text(StatusCode::NOT_FOUND, "GET /metrics, /healthz or /readyz\n"),
+            _ => text(
+                StatusCode::NOT_FOUND,
+                "GET /metrics, /healthz, /readyz, /api/keys or /ui\n",
+            ),
+        }
+    }
+
+    /// The pages and forms under `/ui`.
+    async fn ui<B>(&self, request: Request<B>) -> Response<GatewayBody>
+    where
+        B: http_body::Body,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let session_id = request
+            .headers()
+            .get(header::COOKIE)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|cookies| form::cookie(cookies, session::COOKIE))
+            .map(str::to_owned);
+        let session_csrf = session_id
+            .as_deref()
+            .and_then(|id| self.sessions.csrf_of(id));
+        // The CSRF token of this visitor, when it may see the page.
+        let access = match session_csrf {
+            Some(csrf) => Some((csrf, true)),
+            None if self.authorized(&request) => {
+                Some((self.sessions.process_csrf().to_owned(), false))
+            }
+            None => None,
+        };
+        let method = request.method().clone();
+        let path = request.uri().path().to_owned();
+        match (method, path.as_str()) {
+            (Method::GET | Method::HEAD, "/ui") => match access {
+                Some((csrf, session)) => {
+                    let page = ui::Page {
+                        store: &*self.store,
+                        metrics: self.metrics.as_ref(),
+                        monitor: &self.monitor,
+                        csrf: &csrf,
+                        session,
+                    };
+                    page.render().await
+                }
+                None => ui::login_page(StatusCode::UNAUTHORIZED, None),
+            },
+            (Method::GET | Method::HEAD, "/ui/login") => ui::login_page(StatusCode::OK, None),
+            (Method::POST, "/ui/login") => {
+                let Some(token) = &self.token else {
+                    return ui::redirect("/ui", None);
+                };
+                let form = read_form(request.into_body()).await;
+                let given = form::value(&form, "token").unwrap_or_default();
+                if !same(given.as_bytes(), token.as_bytes()) {
+                    tracing::warn!("admin: a /ui login with a wrong token");
+                    return ui::login_page(StatusCode::UNAUTHORIZED, Some("Wrong token."));
+                }
+                let id = self.sessions.open();
+                let cookie = format!(
+                    "{}={id}; Path=/ui; HttpOnly; SameSite=Strict; Max-Age={}",
+                    session::COOKIE,
+                    session::LIFETIME.as_secs()
+                );
+                ui::redirect("/ui", Some(&cookie))
+            }
+            (Method::POST, "/ui/logout") => {
+                if let Some(id) = &session_id {
+                    self.sessions.close(id);
+                }
+                let cookie = format!(
+                    "{}=; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=0",
+                    session::COOKIE
+                );
+                ui::redirect("/ui", Some(&cookie))
+            }
+            (Method::POST, "/ui/delete") => {
+                let Some((csrf, _)) = access else {
+                    return ui::login_page(StatusCode::UNAUTHORIZED, None);
+                };
+                let form = read_form(request.into_body()).await;
+                let given = form::value(&form, "csrf").unwrap_or_default();
+                if !same(given.as_bytes(), csrf.as_bytes()) {
+                    return text(
+                        StatusCode::FORBIDDEN,
+                        "a stale or foreign form: reload /ui\n",
+                    );
+                }
+                let key = match record_key(
+                    form::value(&form, "key").unwrap_or_default(),
+                    form::value(&form, "scope").unwrap_or_default(),
+                ) {
+                    Ok(key) => key,
+                    Err(err) => return text(StatusCode::BAD_REQUEST, format!("{err}\n")),
+                };
+                match self.store.delete(&key).await {
+                    Ok(deleted) => {
+                        tracing::info!(key = %key, deleted, "admin: record deleted from /ui");
+                        ui::redirect("/ui", None)
+                    }
+                    Err(err) => text(StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}\n")),
+                }
+            }
+            (_, "/ui" | "/ui/login" | "/ui/logout" | "/ui/delete") => {
+                text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
+            }
+            _ => text(StatusCode::NOT_FOUND, "no such page\n"),
         }
     }
 
     /// Serves the admin endpoints on `listener` until `shutdown` resolves.
     pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+        // Samples the counters for the rates of `/ui`.
+        let sampler = self.metrics.clone().map(|render| {
+            let monitor = self.monitor.clone();
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(monitor::SAMPLE_EVERY);
+                loop {
+                    every.tick().await;
+                    monitor.sample(&render);
+                }
+            })
+        });
         let builder = auto::Builder::new(TokioExecutor::new());
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
@@ -142,8 +295,28 @@ impl Admin {
                         let _ = connection.await;
                     });
                 }
-                () = &mut shutdown => return,
+                () = &mut shutdown => break,
             }
         }
+        if let Some(sampler) = sampler {
+            sampler.abort();
+        }
     }
+}
+
+/// The pairs of a form body of at most 16 KiB (none when it is larger or unreadable).
+async fn read_form<B>(body: B) -> Vec<(String, String)>
+where
+    B: http_body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    use http_body_util::BodyExt as _;
+    let Ok(collected) = http_body_util::Limited::new(body, 16 * 1024)
+        .collect()
+        .await
+    else {
+        return Vec::new();
+    };
+    let bytes = collected.to_bytes();
+    std::str::from_utf8(&bytes).map_or_else(|_| Vec::new(), form::pairs)
 }

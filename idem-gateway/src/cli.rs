@@ -104,8 +104,13 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Inspect or remove records in the store.
+    /// Inspect or remove records in the store, or through a running gateway (`--admin`).
     Keys {
+        /// A running gateway's admin listener, e.g. http://127.0.0.1:9901: ask it instead of
+        /// opening the store (the only way to a gateway's memory store). Its token comes from
+        /// --admin-token, IDEM_ADMIN_TOKEN or the file's `[admin] token`.
+        #[arg(long, env = "IDEM_ADMIN_URL", global = true, value_name = "URL")]
+        admin: Option<String>,
         /// What to do.
         #[command(subcommand)]
         command: KeysCommand,

@@ -7,17 +7,17 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use idem_core::{
-    IdempotencyKey, Record, RecordKey, ScanQuery, Scope, State, Store, StoreError, Timestamp,
-};
+use idem_core::{RecordKey, ScanQuery, Store, StoreError};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
+use crate::admin::client::AdminClient;
 use crate::admin::{Admin, RenderMetrics};
 use crate::cli::{Cli, Command, KeysCommand, StoreCommand};
-use crate::config::{self, Config, ConfigError, HumanDuration, StoreSpec};
+use crate::config::{self, Config, ConfigError, StoreSpec};
 use crate::gateway::{Gateway, check_routes};
 use crate::proxy::Tracker;
+use crate::records::{record_json, record_key, record_line, scan_query};
 use crate::server::Drained;
 
 /// Why a command failed, and the exit code that says so.
@@ -92,9 +92,9 @@ pub fn run(cli: Cli, install_metrics: &dyn Fn() -> Option<RenderMetrics>) -> Res
             };
             runtime()?.block_on(crate::demo::run(config, &overrides, metrics))
         }
-        Command::Keys { command } => {
+        Command::Keys { admin, command } => {
             let config = config::load(cli.config.as_deref(), &overrides)?;
-            runtime()?.block_on(keys(&config, command))
+            runtime()?.block_on(keys(&config, admin.as_deref(), command))
         }
         Command::Store { command } => {
             let config = config::load(cli.config.as_deref(), &overrides)?;
@@ -253,97 +253,80 @@ async fn serve(config: Config, metrics: Option<RenderMetrics>) -> Result<(), Fai
 }
 
 /// The store of an admin command: a shared one (the memory store of a running gateway lives in
-/// that process, out of reach).
+/// that process, out of reach but through its admin listener).
 async fn admin_store(config: &Config) -> Result<Arc<dyn Store>, Failure> {
     if config.store.spec == StoreSpec::Memory {
         return Err(Failure::Config(ConfigError::new(
             None,
-            "the memory store lives inside each `idem serve` process and cannot be reached from another: point --store (or [store] url) at the gateway's shared store (redis, postgres or redb)",
+            "the memory store lives inside each `idem serve` process and cannot be opened from another: pass --admin http://ADMIN_ADDR to ask the running gateway's admin listener, or point --store (or [store] url) at the gateway's shared store (redis, postgres or redb)",
         )));
     }
     crate::store::open(&config.store).await
-}
-
-fn record_key(key: &str, scope: &str) -> Result<RecordKey, Failure> {
-    let key = IdempotencyKey::new(key).map_err(|err| {
-        Failure::Config(ConfigError::new(Some("KEY".to_owned()), err.to_string()))
-    })?;
-    let scope = Scope::new(scope).map_err(|err| {
-        Failure::Config(ConfigError::new(
-            Some("--scope".to_owned()),
-            err.to_string(),
-        ))
-    })?;
-    Ok(RecordKey::new(scope, key))
-}
-
-/// A store time as RFC 3339 text.
-fn time(at: Timestamp) -> String {
-    let at = std::time::UNIX_EPOCH + std::time::Duration::from_micros(at.as_micros());
-    humantime::format_rfc3339_millis(at).to_string()
-}
-
-/// A record as JSON: its state, times, fence and, for a stored HTTP response, its status.
-#[must_use]
-pub fn record_json(record: &Record) -> Value {
-    let response = record
-        .result
-        .as_ref()
-        .and_then(|bytes| idem_http::codec::decode(bytes).ok());
-    json!({
-        "key": record.key.key.as_str(),
-        "scope": record.key.scope.as_str(),
-        "state": record.state.as_str(),
-        "fingerprint": record.fingerprint.to_string(),
-        "fence": record.fence.get(),
-        "attempt": record.attempt,
-        "created_at": time(record.created_at),
-        "completed_at": record.completed_at.map(time),
-        "lease_until": time(record.lease_until),
-        "expires_at": time(record.expires_at),
-        "result_bytes": record.result.as_ref().map(bytes::Bytes::len),
-        "status": response.as_ref().map(|r| r.status.as_u16()),
-        "failure": record.failure.as_ref().map(|f| json!({ "message": f.message, "retryable": f.retryable })),
-    })
-}
-
-/// A record as one line of text.
-fn record_line(record: &Record) -> String {
-    let status = record
-        .result
-        .as_ref()
-        .and_then(|bytes| idem_http::codec::decode(bytes).ok())
-        .map(|r| format!(" status={}", r.status.as_u16()))
-        .unwrap_or_default();
-    format!(
-        "{}\tscope={}\t{}{}\tfence={}\tattempt={}\tcreated={}\texpires={}",
-        record.key.key,
-        if record.key.scope.is_none() {
-            "-"
-        } else {
-            record.key.scope.as_str()
-        },
-        record.state,
-        status,
-        record.fence.get(),
-        record.attempt,
-        time(record.created_at),
-        time(record.expires_at),
-    )
 }
 
 fn store_failure(err: StoreError) -> Failure {
     Failure::runtime(format!("store: {err}"))
 }
 
-/// `idem keys get|list|delete`.
-async fn keys(config: &Config, command: KeysCommand) -> Result<(), Failure> {
+/// Where `idem keys` reads and deletes records: the store itself, or a running gateway's admin
+/// listener. Both give records as [`record_json`] renders them, so the output is the same.
+enum KeySource {
+    Store(Arc<dyn Store>),
+    Admin(Box<AdminClient>),
+}
+
+impl KeySource {
+    async fn open(config: &Config, admin: Option<&str>) -> Result<Self, Failure> {
+        match admin {
+            Some(url) => {
+                let token = config.admin.as_ref().and_then(|a| a.token.clone());
+                Ok(KeySource::Admin(Box::new(AdminClient::new(url, token)?)))
+            }
+            None => Ok(KeySource::Store(admin_store(config).await?)),
+        }
+    }
+
+    async fn get(&self, key: &RecordKey) -> Result<Option<Value>, Failure> {
+        match self {
+            KeySource::Store(store) => Ok(store
+                .get(key)
+                .await
+                .map_err(store_failure)?
+                .as_ref()
+                .map(record_json)),
+            KeySource::Admin(client) => client.get(key).await,
+        }
+    }
+
+    async fn delete(&self, key: &RecordKey) -> Result<bool, Failure> {
+        match self {
+            KeySource::Store(store) => store.delete(key).await.map_err(store_failure),
+            KeySource::Admin(client) => client.delete(key).await,
+        }
+    }
+
+    async fn scan(&self, query: &ScanQuery) -> Result<(Vec<Value>, Option<String>), Failure> {
+        match self {
+            KeySource::Store(store) => {
+                let page = store.scan(query).await.map_err(store_failure)?;
+                Ok((
+                    page.records.iter().map(record_json).collect(),
+                    page.next_cursor,
+                ))
+            }
+            KeySource::Admin(client) => client.scan(query).await,
+        }
+    }
+}
+
+/// `idem keys get|list|delete`, on the store or through `--admin`.
+async fn keys(config: &Config, admin: Option<&str>, command: KeysCommand) -> Result<(), Failure> {
     match command {
         KeysCommand::Get { key, scope, json } => {
             let key = record_key(&key, &scope)?;
-            let store = admin_store(config).await?;
-            match store.get(&key).await.map_err(store_failure)? {
-                Some(record) if json => say(&record_json(&record).to_string()),
+            let source = KeySource::open(config, admin).await?;
+            match source.get(&key).await? {
+                Some(record) if json => say(&record.to_string()),
                 Some(record) => say(&record_line(&record)),
                 None if json => say("null"),
                 None => return Err(Failure::runtime(format!("no record at {key}"))),
@@ -352,8 +335,8 @@ async fn keys(config: &Config, command: KeysCommand) -> Result<(), Failure> {
         }
         KeysCommand::Delete { key, scope, json } => {
             let key = record_key(&key, &scope)?;
-            let store = admin_store(config).await?;
-            let deleted = store.delete(&key).await.map_err(store_failure)?;
+            let source = KeySource::open(config, admin).await?;
+            let deleted = source.delete(&key).await?;
             if json {
                 say(&json!({ "deleted": deleted }).to_string());
             } else if deleted {
@@ -369,36 +352,20 @@ async fn keys(config: &Config, command: KeysCommand) -> Result<(), Failure> {
             limit,
             json,
         } => {
-            let mut query = ScanQuery::all().with_limit(limit.clamp(1, ScanQuery::DEFAULT_LIMIT));
-            if let Some(state) = state {
-                let state: State = state.parse().map_err(|err: idem_core::ParseStateError| {
-                    Failure::Config(ConfigError::new(
-                        Some("--state".to_owned()),
-                        err.to_string(),
-                    ))
-                })?;
-                query = query.with_state(state);
-            }
-            if let Some(age) = older_than {
-                let age: HumanDuration = age.parse().map_err(|err: String| {
-                    Failure::Config(ConfigError::new(Some("--older-than".to_owned()), err))
-                })?;
-                query = query.with_min_age(age.0);
-            }
-            let store = admin_store(config).await?;
+            let mut query = scan_query(state.as_deref(), older_than.as_deref(), limit)?;
+            let source = KeySource::open(config, admin).await?;
             let mut records = Vec::new();
             loop {
-                let page = store.scan(&query).await.map_err(store_failure)?;
-                records.extend(page.records);
-                match page.next_cursor {
+                let (page, cursor) = source.scan(&query).await?;
+                records.extend(page);
+                match cursor {
                     Some(cursor) if records.len() < limit => query.cursor = Some(cursor),
                     _ => break,
                 }
             }
             records.truncate(limit);
             if json {
-                let list: Vec<Value> = records.iter().map(record_json).collect();
-                say(&Value::Array(list).to_string());
+                say(&Value::Array(records).to_string());
             } else {
                 for record in &records {
                     say(&record_line(record));

@@ -11,7 +11,9 @@
 //! - [`commands`]: the subcommands, each returning a [`commands::Failure`] with its exit code,
 //!   and [`commands::start`], which runs a gateway in the current runtime;
 //! - [`gateway`], [`proxy`], [`server`], [`admin`]: the request path, the upstream client, the
-//!   listener with its graceful shutdown, and the admin endpoints;
+//!   listener with its graceful shutdown, and the admin endpoints (metrics, health, the key API,
+//!   the operator's page `/ui`);
+//! - [`records`]: records as the admin tools show them (JSON and one line);
 //! - [`demo`]: the built-in upstream of `idem demo`.
 
 pub mod admin;
@@ -22,6 +24,7 @@ pub mod config;
 pub mod demo;
 pub mod gateway;
 pub mod proxy;
+pub mod records;
 pub mod server;
 pub mod store;
 pub mod telemetry;

@@ -24,9 +24,12 @@ use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idem_core::Store;
+use idem_gateway::admin::RenderMetrics;
 use idem_gateway::commands::{Running, start_with_store};
 use idem_gateway::config::{self, Config, Overrides};
 use idem_store_memory::MemoryStore;
+
+pub mod webdriver;
 
 /// The idem-fixture binary of this test's target directory. `cargo test --workspace` has built
 /// it; when it is missing (`cargo test -p idem-gateway` on a fresh target directory), it is
@@ -240,10 +243,29 @@ impl Http {
 /// A configuration for a gateway in front of `upstream`, on free ports, plus `extra` TOML
 /// (routes, sections).
 pub fn config(upstream: SocketAddr, extra: &str) -> Config {
+    config_with(upstream, extra, &Overrides::default())
+}
+
+/// [`config`] with `overrides` (an admin token, for instance).
+pub fn config_with(upstream: SocketAddr, extra: &str, overrides: &Overrides) -> Config {
     let text = format!(
         "[upstream]\nurl = \"http://{upstream}\"\n\n[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n{extra}"
     );
-    config::from_str("test.toml", &text, &Overrides::default()).unwrap()
+    config::from_str("test.toml", &text, overrides).unwrap()
+}
+
+/// The Prometheus recorder of this test process (installed once), as the admin listener
+/// renders it.
+pub fn metrics_recorder() -> RenderMetrics {
+    static RENDER: OnceLock<RenderMetrics> = OnceLock::new();
+    RENDER
+        .get_or_init(|| {
+            let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+                .install_recorder()
+                .unwrap();
+            Arc::new(move || handle.render())
+        })
+        .clone()
 }
 
 /// A gateway in this process over a memory store the test can inspect.
@@ -256,9 +278,14 @@ pub struct Gateway {
 
 impl Gateway {
     pub async fn start(config: &Config) -> Gateway {
+        Gateway::start_with_metrics(config, None).await
+    }
+
+    /// With the admin listener's `/metrics` rendered by `metrics`.
+    pub async fn start_with_metrics(config: &Config, metrics: Option<RenderMetrics>) -> Gateway {
         let store = Arc::new(MemoryStore::new());
         let dyn_store: Arc<dyn Store> = store.clone();
-        let running = start_with_store(config, dyn_store, None, std::future::pending())
+        let running = start_with_store(config, dyn_store, metrics, std::future::pending())
             .await
             .unwrap();
         Gateway {

@@ -1,0 +1,117 @@
+//! The key API of the admin listener, JSON over HTTP (what `idem keys --admin URL` calls):
+//!
+//! | request | answer |
+//! |---|---|
+//! | `GET /api/keys?state=S&older_than=D&limit=N&cursor=C` | `{"records": [...], "next_cursor": C or null}`, one page |
+//! | `GET /api/keys/KEY?scope=S` | the record, or 404 `{"error": ...}` |
+//! | `DELETE /api/keys/KEY?scope=S` | `{"deleted": true or false}` |
+//!
+//! `KEY` is percent-encoded; a record is the JSON of [`crate::records::record_json`]. A bad
+//! argument is 400 and a store error 503, each `{"error": "..."}`.
+
+use http::header::{self, HeaderValue};
+use http::{Method, Response, StatusCode};
+use idem_core::{RecordKey, Store};
+use serde_json::{Value, json};
+
+use super::form;
+use crate::body::{GatewayBody, full};
+use crate::config::ConfigError;
+use crate::records::{record_json, record_key, scan_query};
+
+/// The path prefix of the key API.
+pub const PREFIX: &str = "/api/keys";
+
+/// A JSON response.
+#[must_use]
+pub fn json_response(status: StatusCode, value: &Value) -> Response<GatewayBody> {
+    let mut response = Response::new(full(value.to_string()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn error(status: StatusCode, message: impl std::fmt::Display) -> Response<GatewayBody> {
+    json_response(status, &json!({ "error": message.to_string() }))
+}
+
+fn bad_request(err: &ConfigError) -> Response<GatewayBody> {
+    error(StatusCode::BAD_REQUEST, err)
+}
+
+/// Answers a request whose path starts with [`PREFIX`].
+pub async fn handle(
+    store: &dyn Store,
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+) -> Response<GatewayBody> {
+    let params = form::pairs(query.unwrap_or_default());
+    let rest = path.strip_prefix(PREFIX).unwrap_or_default();
+    if rest.is_empty() || rest == "/" {
+        if method != Method::GET {
+            return error(StatusCode::METHOD_NOT_ALLOWED, "GET lists the records");
+        }
+        return list(store, &params).await;
+    }
+    let Some(key) = rest.strip_prefix('/').and_then(|k| form::decode(k, false)) else {
+        return error(StatusCode::NOT_FOUND, "GET or DELETE /api/keys/KEY");
+    };
+    let key = match record_key(&key, form::value(&params, "scope").unwrap_or_default()) {
+        Ok(key) => key,
+        Err(err) => return bad_request(&err),
+    };
+    match *method {
+        Method::GET => get(store, &key).await,
+        Method::DELETE => match store.delete(&key).await {
+            Ok(deleted) => {
+                if deleted {
+                    tracing::info!(key = %key, "admin: record deleted");
+                }
+                json_response(StatusCode::OK, &json!({ "deleted": deleted }))
+            }
+            Err(err) => error(StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}")),
+        },
+        _ => error(StatusCode::METHOD_NOT_ALLOWED, "GET or DELETE"),
+    }
+}
+
+async fn get(store: &dyn Store, key: &RecordKey) -> Response<GatewayBody> {
+    match store.get(key).await {
+        Ok(Some(record)) => json_response(StatusCode::OK, &record_json(&record)),
+        Ok(None) => error(StatusCode::NOT_FOUND, format!("no record at {key}")),
+        Err(err) => error(StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}")),
+    }
+}
+
+async fn list(store: &dyn Store, params: &[(String, String)]) -> Response<GatewayBody> {
+    let limit = match form::value(params, "limit").map(str::parse::<usize>) {
+        None => idem_core::ScanQuery::DEFAULT_LIMIT,
+        Some(Ok(limit)) => limit,
+        Some(Err(err)) => {
+            return bad_request(&ConfigError::new(Some("limit".to_owned()), err.to_string()));
+        }
+    };
+    let mut query = match scan_query(
+        form::value(params, "state"),
+        form::value(params, "older_than"),
+        limit,
+    ) {
+        Ok(query) => query,
+        Err(err) => return bad_request(&err),
+    };
+    query.cursor = form::value(params, "cursor").map(str::to_owned);
+    match store.scan(&query).await {
+        Ok(page) => {
+            let records: Vec<Value> = page.records.iter().map(record_json).collect();
+            json_response(
+                StatusCode::OK,
+                &json!({ "records": records, "next_cursor": page.next_cursor }),
+            )
+        }
+        Err(err) => error(StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}")),
+    }
+}

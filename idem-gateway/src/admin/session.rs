@@ -1,0 +1,134 @@
+//! The sessions of the operator page: a browser cannot send a bearer header from a link, so
+//! `POST /ui/login` with the admin token opens a session held in this process and names it in
+//! an `HttpOnly; SameSite=Strict` cookie. Each session carries its own CSRF token, which every
+//! form of the page repeats; requests that come with the bearer header (or to a listener
+//! without a token) use the process's CSRF token instead. Sessions end after 12 hours, on
+//! logout, or when the process stops.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use idem_core::OwnerToken;
+
+use super::same;
+
+/// The cookie that names a session.
+pub const COOKIE: &str = "idem_admin_session";
+/// How long a session lasts.
+pub const LIFETIME: Duration = Duration::from_secs(12 * 3600);
+/// At most this many sessions are kept (the oldest goes first).
+const MAX_SESSIONS: usize = 256;
+
+/// 256 random bits as 64 hex digits (two UUID v4 draws from a CSPRNG: 244 random bits).
+fn secret() -> String {
+    format!("{}{}", OwnerToken::random(), OwnerToken::random())
+}
+
+struct Session {
+    csrf: String,
+    until: Instant,
+}
+
+/// The open sessions and the process's CSRF token.
+pub struct Sessions {
+    open: Mutex<HashMap<String, Session>>,
+    csrf: String,
+}
+
+impl std::fmt::Debug for Sessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        f.debug_struct("Sessions")
+            .field("open", &open.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        Sessions::new()
+    }
+}
+
+impl Sessions {
+    /// No session yet.
+    #[must_use]
+    pub fn new() -> Self {
+        Sessions {
+            open: Mutex::new(HashMap::new()),
+            csrf: secret(),
+        }
+    }
+
+    /// Opens a session: returns its id (for the cookie).
+    pub fn open(&self) -> String {
+        let id = secret();
+        let now = Instant::now();
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        open.retain(|_, session| session.until > now);
+        if open.len() >= MAX_SESSIONS {
+            if let Some(oldest) = open
+                .iter()
+                .min_by_key(|(_, session)| session.until)
+                .map(|(id, _)| id.clone())
+            {
+                open.remove(&oldest);
+            }
+        }
+        open.insert(
+            id.clone(),
+            Session {
+                csrf: secret(),
+                until: now + LIFETIME,
+            },
+        );
+        id
+    }
+
+    /// The CSRF token of the live session `id`, compared in constant time.
+    #[must_use]
+    pub fn csrf_of(&self, id: &str) -> Option<String> {
+        let now = Instant::now();
+        let open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        open.iter()
+            .find(|(candidate, session)| {
+                session.until > now && same(candidate.as_bytes(), id.as_bytes())
+            })
+            .map(|(_, session)| session.csrf.clone())
+    }
+
+    /// Ends the session `id`.
+    pub fn close(&self, id: &str) {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        open.retain(|candidate, _| !same(candidate.as_bytes(), id.as_bytes()));
+    }
+
+    /// The CSRF token of requests without a session (bearer header, or no token set).
+    #[must_use]
+    pub fn process_csrf(&self) -> &str {
+        &self.csrf
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_session_has_its_own_csrf_token_until_closed() {
+        let sessions = Sessions::new();
+        let a = sessions.open();
+        let b = sessions.open();
+        assert_eq!(a.len(), 64);
+        let csrf_a = sessions.csrf_of(&a).unwrap();
+        assert_ne!(csrf_a, sessions.csrf_of(&b).unwrap());
+        assert_ne!(csrf_a, sessions.process_csrf());
+        assert_eq!(sessions.csrf_of("nope"), None);
+        sessions.close(&a);
+        assert_eq!(sessions.csrf_of(&a), None);
+        assert!(sessions.csrf_of(&b).is_some());
+    }
+}

@@ -1,0 +1,293 @@
+//! `/ui`: the operator's page, plain server-rendered HTML (no script, no build step): records
+//! in flight with their age, owner and fence and a delete button each; recent completions and
+//! failures; the duplicate-hit and conflict counters with their rates over the last minute.
+//! Everything that comes from the store is HTML-escaped (keys are client input).
+//!
+//! Forms: `POST /ui/login` (field `token`), `POST /ui/logout`, `POST /ui/delete` (fields
+//! `key`, `scope`, `csrf`). The page is served with a strict Content-Security-Policy and may not
+//! be framed.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use http::header::{self, HeaderValue};
+use http::{Response, StatusCode};
+use idem_core::{Clock, Record, ScanQuery, State, Store, SystemClock, Timestamp};
+
+use super::RenderMetrics;
+use super::form::html;
+use super::monitor::{InFlight, Monitor, scan_all};
+use crate::body::{GatewayBody, full};
+use crate::records::time;
+
+/// How many recent completions and failures the page lists.
+const RECENT: usize = 20;
+/// How many completed or failed records are read to find the recent ones.
+const RECENT_SCAN: usize = 5 * ScanQuery::DEFAULT_LIMIT;
+
+const STYLE: &str = "body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}\
+table{border-collapse:collapse;margin:.5em 0 1.5em}\
+th,td{border-bottom:1px solid #ddd;padding:.3em .7em;text-align:left;vertical-align:top}\
+th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums}\
+code{font-size:12px}.lapsed{color:#b00}.err{color:#b00}\
+form.inline{display:inline;margin:0}button{cursor:pointer}";
+
+/// An HTML response with the page's security headers.
+#[must_use]
+pub fn html_response(status: StatusCode, body: String) -> Response<GatewayBody> {
+    let mut response = Response::new(full(body));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    for (name, value) in [
+        (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+        (
+            header::CONTENT_SECURITY_POLICY,
+            "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::CACHE_CONTROL, "no-store"),
+        (header::REFERRER_POLICY, "no-referrer"),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    response
+}
+
+/// A `303 See Other` to `location`, setting `cookie` when given.
+#[must_use]
+pub fn redirect(location: &'static str, cookie: Option<&str>) -> Response<GatewayBody> {
+    let mut response = html_response(StatusCode::SEE_OTHER, String::new());
+    response
+        .headers_mut()
+        .insert(header::LOCATION, HeaderValue::from_static(location));
+    if let Some(cookie) = cookie.and_then(|c| HeaderValue::from_str(c).ok()) {
+        response.headers_mut().insert(header::SET_COOKIE, cookie);
+    }
+    response
+}
+
+fn document(title: &str, body: &str) -> String {
+    format!(
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+<meta name=\"viewport\" content=\"width=device-width\"><title>{title}</title>\
+<style>{STYLE}</style></head><body>\n{body}</body></html>\n"
+    )
+}
+
+/// The login form (`status` 401 when the token was missing or wrong).
+#[must_use]
+pub fn login_page(status: StatusCode, message: Option<&str>) -> Response<GatewayBody> {
+    let message = message
+        .map(|m| format!("<p class=\"err\">{}</p>", html(m)))
+        .unwrap_or_default();
+    let body = format!(
+        "<h1>idem admin</h1>{message}\
+<form method=\"post\" action=\"/ui/login\">\
+<label>Admin token <input type=\"password\" name=\"token\" id=\"token\" autocomplete=\"current-password\" autofocus></label> \
+<button type=\"submit\" id=\"login\">Sign in</button></form>\n"
+    );
+    html_response(status, document("idem admin: sign in", &body))
+}
+
+/// A duration for people: `850ms`, `12.3s`, `4m 10s`.
+fn age(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        format!("{}ms", d.as_millis())
+    } else if d < Duration::from_secs(60) {
+        format!("{:.1}s", d.as_secs_f64())
+    } else {
+        humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
+    }
+}
+
+fn scope_cell(record: &Record) -> String {
+    if record.key.scope.is_none() {
+        "-".to_owned()
+    } else {
+        html(record.key.scope.as_str())
+    }
+}
+
+/// What the page is built from.
+pub struct Page<'a> {
+    /// The store to read.
+    pub store: &'a dyn Store,
+    /// The metrics renderer, when a recorder is installed.
+    pub metrics: Option<&'a RenderMetrics>,
+    /// The counters' history.
+    pub monitor: &'a Monitor,
+    /// The CSRF token the forms carry.
+    pub csrf: &'a str,
+    /// Whether the visitor came with a session (a logout button is shown).
+    pub session: bool,
+}
+
+impl Page<'_> {
+    /// Renders the page.
+    pub async fn render(&self) -> Response<GatewayBody> {
+        let now = SystemClock.now();
+        let mut body = String::from("<h1>idem admin</h1>\n");
+        if self.session {
+            body.push_str(
+                "<form class=\"inline\" method=\"post\" action=\"/ui/logout\"><button type=\"submit\">Sign out</button></form> ",
+            );
+        }
+        body.push_str("<a href=\"/ui\">Refresh</a>\n");
+        self.rates(&mut body);
+        match InFlight::scan(self.store).await {
+            Ok(in_flight) => self.in_flight(&mut body, &in_flight, now),
+            Err(err) => {
+                let _ = write!(
+                    body,
+                    "<h2>In flight</h2><p class=\"err\">store: {}</p>",
+                    html(&err.to_string())
+                );
+            }
+        }
+        self.recent(&mut body).await;
+        html_response(StatusCode::OK, document("idem admin", &body))
+    }
+
+    fn rates(&self, body: &mut String) {
+        body.push_str("<h2>Rates</h2>\n");
+        let Some(render) = self.metrics else {
+            body.push_str("<p>No metrics recorder in this process: counters are not kept.</p>\n");
+            return;
+        };
+        let rates = self.monitor.rates(render);
+        let window = if rates.window.is_zero() {
+            "last minute".to_owned()
+        } else {
+            format!("last {}s", rates.window.as_secs())
+        };
+        let _ = writeln!(
+            body,
+            "<table id=\"rates\"><tr><th>counter</th><th>since start</th><th>per second, {window}</th></tr>"
+        );
+        for rate in &rates.counters {
+            let per_second = rate
+                .per_second
+                .map_or_else(|| "-".to_owned(), |r| format!("{r:.2}"));
+            let _ = writeln!(
+                body,
+                "<tr><td>{} <code>{}</code></td><td class=\"n\">{}</td><td class=\"n\">{per_second}</td></tr>",
+                html(rate.label),
+                html(rate.metric),
+                rate.total,
+            );
+        }
+        body.push_str("</table>\n");
+        let total = |metric: &str| {
+            rates
+                .counters
+                .iter()
+                .find(|r| r.metric == metric)
+                .map_or(0.0, |r| r.total)
+        };
+        let requests = total(idem_http::metrics::REQUESTS);
+        if requests > 0.0 {
+            let _ = writeln!(
+                body,
+                "<p>Of {requests} requests since start: {:.1}% duplicates replayed, {:.1}% in-flight conflicts.</p>",
+                100.0 * total(idem_http::metrics::REPLAYS) / requests,
+                100.0 * total(idem_http::metrics::COLLISIONS) / requests,
+            );
+        }
+    }
+
+    fn in_flight(&self, body: &mut String, in_flight: &InFlight, now: Timestamp) {
+        let _ = writeln!(
+            body,
+            "<h2>In flight</h2><p>{}{} record(s), {} with a lapsed lease; the oldest is {} old.</p>",
+            in_flight.records.len(),
+            if in_flight.truncated { "+" } else { "" },
+            in_flight.lapsed,
+            age(in_flight.oldest),
+        );
+        if in_flight.records.is_empty() {
+            return;
+        }
+        body.push_str(
+            "<table id=\"in-flight\"><tr><th>key</th><th>scope</th><th>age</th><th>owner</th><th>fence</th><th>attempt</th><th>lease</th><th></th></tr>\n",
+        );
+        let csrf = html(self.csrf);
+        for record in &in_flight.records {
+            let key = html(record.key.key.as_str());
+            let lease = if record.lease_until < now {
+                format!(
+                    "<span class=\"lapsed\">lapsed {} ago</span>",
+                    age(now.saturating_since(record.lease_until))
+                )
+            } else {
+                format!("{} left", age(record.lease_until.saturating_since(now)))
+            };
+            let _ = writeln!(
+                body,
+                "<tr data-key=\"{key}\"><td><code>{key}</code></td><td>{scope}</td><td class=\"n\">{age}</td>\
+<td><code>{owner}</code></td><td class=\"n\">{fence}</td><td class=\"n\">{attempt}</td><td>{lease}</td>\
+<td><form class=\"inline\" method=\"post\" action=\"/ui/delete\">\
+<input type=\"hidden\" name=\"key\" value=\"{key}\"><input type=\"hidden\" name=\"scope\" value=\"{scope_value}\">\
+<input type=\"hidden\" name=\"csrf\" value=\"{csrf}\"><button type=\"submit\" class=\"delete\">Delete</button></form></td></tr>",
+                scope = scope_cell(record),
+                age = age(record.age(now)),
+                owner = record.owner,
+                fence = record.fence.get(),
+                attempt = record.attempt,
+                scope_value = html(record.key.scope.as_str()),
+            );
+        }
+        body.push_str("</table>\n");
+    }
+
+    async fn recent(&self, body: &mut String) {
+        body.push_str("<h2>Recent completions and failures</h2>\n");
+        let mut records = Vec::new();
+        for state in [State::Completed, State::Failed] {
+            let query = ScanQuery::all().with_state(state);
+            match scan_all(self.store, query, RECENT_SCAN).await {
+                Ok((found, _)) => records.extend(found),
+                Err(err) => {
+                    let _ = writeln!(
+                        body,
+                        "<p class=\"err\">store: {}</p>",
+                        html(&err.to_string())
+                    );
+                    return;
+                }
+            }
+        }
+        if records.is_empty() {
+            body.push_str("<p>None.</p>\n");
+            return;
+        }
+        records.sort_by_key(|r| std::cmp::Reverse(r.completed_at.unwrap_or(r.created_at)));
+        records.truncate(RECENT);
+        body.push_str(
+            "<table id=\"recent\"><tr><th>key</th><th>scope</th><th>state</th><th>status</th><th>finished</th><th>fence</th><th>failure</th></tr>\n",
+        );
+        for record in &records {
+            let status = record
+                .result
+                .as_ref()
+                .and_then(|bytes| idem_http::codec::decode(bytes).ok())
+                .map(|r| r.status.as_u16().to_string())
+                .unwrap_or_default();
+            let failure = record
+                .failure
+                .as_ref()
+                .map(|f| html(&f.message))
+                .unwrap_or_default();
+            let _ = writeln!(
+                body,
+                "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{status}</td><td>{}</td><td class=\"n\">{}</td><td>{failure}</td></tr>",
+                html(record.key.key.as_str()),
+                scope_cell(record),
+                record.state,
+                time(record.completed_at.unwrap_or(record.created_at)),
+                record.fence.get(),
+            );
+        }
+        body.push_str("</table>\n");
+    }
+}

@@ -1,0 +1,148 @@
+//! Records as the admin tools show them: one JSON shape (the admin API's, `idem keys --json`)
+//! and one line format rendered from it, so `idem keys` prints the same whether it reads the
+//! store itself or asks a running gateway's admin listener. Also the parsing of the key, scope
+//! and list filters that both paths share.
+
+use idem_core::{IdempotencyKey, Record, RecordKey, ScanQuery, Scope, State, Timestamp};
+use serde_json::{Value, json};
+
+use crate::config::{ConfigError, HumanDuration};
+
+/// A store time as RFC 3339 text, to the millisecond.
+#[must_use]
+pub fn time(at: Timestamp) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_micros(at.as_micros());
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+/// A record as JSON: its state, owner, fence, times and, for a stored HTTP response, its
+/// status.
+#[must_use]
+pub fn record_json(record: &Record) -> Value {
+    let response = record
+        .result
+        .as_ref()
+        .and_then(|bytes| idem_http::codec::decode(bytes).ok());
+    json!({
+        "key": record.key.key.as_str(),
+        "scope": record.key.scope.as_str(),
+        "state": record.state.as_str(),
+        "fingerprint": record.fingerprint.to_string(),
+        "owner": record.owner.to_string(),
+        "fence": record.fence.get(),
+        "attempt": record.attempt,
+        "created_at": time(record.created_at),
+        "completed_at": record.completed_at.map(time),
+        "lease_until": time(record.lease_until),
+        "expires_at": time(record.expires_at),
+        "result_bytes": record.result.as_ref().map(bytes::Bytes::len),
+        "status": response.as_ref().map(|r| r.status.as_u16()),
+        "failure": record.failure.as_ref().map(|f| json!({ "message": f.message, "retryable": f.retryable })),
+    })
+}
+
+/// A record, given as [`record_json`] made it, as one line of text (fields a missing value
+/// leaves out are left out).
+#[must_use]
+pub fn record_line(record: &Value) -> String {
+    let text = |name: &str| record[name].as_str().unwrap_or("?").to_owned();
+    let number = |name: &str| {
+        record[name]
+            .as_u64()
+            .map_or("?".to_owned(), |n| n.to_string())
+    };
+    let scope = record["scope"].as_str().unwrap_or_default();
+    let status = record["status"]
+        .as_u64()
+        .map(|status| format!(" status={status}"))
+        .unwrap_or_default();
+    format!(
+        "{}\tscope={}\t{}{}\tfence={}\tattempt={}\tcreated={}\texpires={}",
+        text("key"),
+        if scope.is_empty() { "-" } else { scope },
+        text("state"),
+        status,
+        number("fence"),
+        number("attempt"),
+        text("created_at"),
+        text("expires_at"),
+    )
+}
+
+/// The record key of `key` in `scope` (empty: no scope); errors name `KEY` or `--scope`.
+///
+/// # Errors
+/// [`ConfigError`] when the key or the scope is not valid.
+pub fn record_key(key: &str, scope: &str) -> Result<RecordKey, ConfigError> {
+    let key = IdempotencyKey::new(key)
+        .map_err(|err| ConfigError::new(Some("KEY".to_owned()), err.to_string()))?;
+    let scope = Scope::new(scope)
+        .map_err(|err| ConfigError::new(Some("--scope".to_owned()), err.to_string()))?;
+    Ok(RecordKey::new(scope, key))
+}
+
+/// The scan of `keys list`: a state (`in_flight`, `completed`, `failed`), a minimum age (a
+/// human duration such as `10m`) and a page size, clamped to 1..=[`ScanQuery::DEFAULT_LIMIT`].
+///
+/// # Errors
+/// [`ConfigError`] naming `--state` or `--older-than`.
+pub fn scan_query(
+    state: Option<&str>,
+    older_than: Option<&str>,
+    limit: usize,
+) -> Result<ScanQuery, ConfigError> {
+    let mut query = ScanQuery::all().with_limit(limit.clamp(1, ScanQuery::DEFAULT_LIMIT));
+    if let Some(state) = state {
+        let state: State = state.parse().map_err(|err: idem_core::ParseStateError| {
+            ConfigError::new(Some("--state".to_owned()), err.to_string())
+        })?;
+        query = query.with_state(state);
+    }
+    if let Some(age) = older_than {
+        let age: HumanDuration = age
+            .parse()
+            .map_err(|err: String| ConfigError::new(Some("--older-than".to_owned()), err))?;
+        query = query.with_min_age(age.0);
+    }
+    Ok(query)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn the_line_is_rendered_from_the_json() {
+        let value = json!({
+            "key": "k", "scope": "", "state": "completed", "fence": 7, "attempt": 1,
+            "created_at": "2026-01-01T00:00:00.000Z", "expires_at": "2026-01-02T00:00:00.000Z",
+            "status": 201,
+        });
+        assert_eq!(
+            record_line(&value),
+            "k\tscope=-\tcompleted status=201\tfence=7\tattempt=1\tcreated=2026-01-01T00:00:00.000Z\texpires=2026-01-02T00:00:00.000Z"
+        );
+    }
+
+    #[test]
+    fn filters_are_checked_with_the_flag_names() {
+        let query = scan_query(Some("in_flight"), Some("10m"), 1000).unwrap();
+        assert_eq!(query.state, Some(State::InFlight));
+        assert_eq!(query.limit, ScanQuery::DEFAULT_LIMIT);
+        assert!(
+            scan_query(Some("done"), None, 1)
+                .unwrap_err()
+                .to_string()
+                .contains("--state")
+        );
+        assert!(
+            scan_query(None, Some("soon"), 1)
+                .unwrap_err()
+                .to_string()
+                .contains("--older-than")
+        );
+        assert!(record_key("bad\u{1}", "").is_err());
+    }
+}

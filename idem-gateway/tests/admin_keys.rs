@@ -1,0 +1,365 @@
+//! The admin listener's key API and `/ui` over plain HTTP, and `idem keys --admin`: a gateway
+//! in this process on the memory store, reached only through its admin listener.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::{Fixture, Gateway, Http, config_with, eventually, metrics_recorder};
+use http::Method;
+use idem_core::{ClaimRequest, Fingerprint, IdempotencyKey, RecordKey, Store};
+use idem_gateway::config::Overrides;
+use idem_gateway::records::{record_json, record_line};
+
+const TOKEN: &str = "admin-test-token";
+
+fn record_key(key: &str) -> RecordKey {
+    RecordKey::unscoped(IdempotencyKey::new(key).unwrap())
+}
+
+fn with_token() -> Overrides {
+    Overrides {
+        admin_token: Some(TOKEN.to_owned()),
+        ..Overrides::default()
+    }
+}
+
+/// [`idem_keys_blocking`] off the runtime's threads.
+async fn idem_keys(admin: &str, token: Option<&str>, args: &[&str]) -> (i32, String, String) {
+    let admin = admin.to_owned();
+    let token = token.map(str::to_owned);
+    let args: Vec<String> = args.iter().map(|&a| a.to_owned()).collect();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        idem_keys_blocking(&admin, token.as_deref(), &args)
+    })
+    .await
+    .unwrap()
+}
+
+/// Runs `idem keys ARGS --admin URL` with `token` (none: no token at all); returns the exit
+/// code, stdout and stderr.
+fn idem_keys_blocking(admin: &str, token: Option<&str>, args: &[&str]) -> (i32, String, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_idem"));
+    command.arg("keys").args(args).args(["--admin", admin]);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("IDEM_") {
+            command.env_remove(name);
+        }
+    }
+    if let Some(token) = token {
+        command.env("IDEM_ADMIN_TOKEN", token);
+    }
+    let output = command.output().unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_through_the_admin_listener_list_and_delete_a_request_in_flight() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config_with(fixture.addr, "", &with_token())).await;
+    let admin = gateway.admin.clone().unwrap();
+    let http = Http::new();
+
+    // A finished record, for the output formats.
+    let done = http.post_key(&gateway.url("/echo"), "adm-done", "1").await;
+    assert_eq!(done.status, 201);
+    // A slow request in flight.
+    let slow = tokio::spawn({
+        let (http, url) = (http.clone(), gateway.url("/slow?ms=20000"));
+        async move {
+            http.try_send(Method::POST, &url, &[("idempotency-key", "adm-slow")], "")
+                .await
+        }
+    });
+    let store = gateway.store.clone();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            store.get(&record_key("adm-slow")).await.unwrap().is_some()
+        })
+        .await
+    );
+
+    let (code, out, err) = idem_keys(
+        &admin,
+        Some(TOKEN),
+        &["list", "--state", "in_flight", "--json"],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let list: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let list = list.as_array().unwrap();
+    assert_eq!(list.len(), 1, "{out}");
+    assert_eq!(list[0]["key"], "adm-slow");
+    assert_eq!(list[0]["state"], "in_flight");
+    assert_eq!(list[0]["owner"].as_str().unwrap().len(), 32);
+
+    // The same output as the store path renders, in both formats.
+    let record = store.get(&record_key("adm-done")).await.unwrap().unwrap();
+    let line_out = idem_keys(&admin, Some(TOKEN), &["get", "adm-done"]).await;
+    let json_out = idem_keys(&admin, Some(TOKEN), &["get", "adm-done", "--json"]).await;
+    assert_eq!(line_out.1.trim(), record_line(&record_json(&record)));
+    assert_eq!(json_out.1.trim(), record_json(&record).to_string());
+
+    // Without the token: refused, exit 1, one line saying so.
+    let (code, _, err) = idem_keys(&admin, None, &["list"]).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("401") && err.contains("IDEM_ADMIN_TOKEN"),
+        "{err}"
+    );
+
+    let (code, out, err) = idem_keys(&admin, Some(TOKEN), &["delete", "adm-slow"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), "deleted adm-slow");
+    assert!(store.get(&record_key("adm-slow")).await.unwrap().is_none());
+    let (code, out, _) = idem_keys(&admin, Some(TOKEN), &["delete", "adm-slow", "--json"]).await;
+    assert_eq!((code, out.trim()), (0, "{\"deleted\":false}"));
+    slow.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_api_pages_filters_and_escapes_keys() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config_with(fixture.addr, "", &Overrides::default())).await;
+    let admin = gateway.admin.clone().unwrap();
+    let http = Http::new();
+    for i in 0..5 {
+        let reply = http
+            .post_key(&gateway.url("/echo"), &format!("page-{i}"), "x")
+            .await;
+        assert_eq!(reply.status, 201);
+    }
+    let odd = "a b/c?d&e=%";
+    // A key with a space goes in the sf-string form.
+    assert_eq!(
+        http.post_key(&gateway.url("/echo"), &format!("\"{odd}\""), "x")
+            .await
+            .status,
+        201
+    );
+
+    // Pages of 2 follow the cursor to all 6.
+    let mut seen = 0;
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut url = format!("{admin}/api/keys?limit=2&state=completed");
+        if let Some(c) = &cursor {
+            url.push_str(&format!("&cursor={}", idem_gateway::admin::form::encode(c)));
+        }
+        let reply = http.send(Method::GET, &url, &[], "").await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let page: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+        seen += page["records"].as_array().unwrap().len();
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, 6);
+
+    let key_url = format!(
+        "{admin}/api/keys/{}",
+        idem_gateway::admin::form::encode(odd)
+    );
+    let one = http.send(Method::GET, &key_url, &[], "").await;
+    assert_eq!(one.status, 200, "{}", one.text());
+    let one: serde_json::Value = serde_json::from_slice(&one.body).unwrap();
+    assert_eq!(one["key"], odd);
+    assert_eq!(one["status"], 201);
+
+    let bad = http
+        .send(
+            Method::GET,
+            &format!("{admin}/api/keys?state=done"),
+            &[],
+            "",
+        )
+        .await;
+    assert_eq!(bad.status, 400);
+    let old = http
+        .send(
+            Method::GET,
+            &format!("{admin}/api/keys?older_than=1h"),
+            &[],
+            "",
+        )
+        .await;
+    let old: serde_json::Value = serde_json::from_slice(&old.body).unwrap();
+    assert_eq!(
+        old,
+        serde_json::json!({ "records": [], "next_cursor": null })
+    );
+
+    let deleted = http.send(Method::DELETE, &key_url, &[], "").await;
+    assert_eq!(deleted.text(), "{\"deleted\":true}");
+    assert_eq!(http.send(Method::GET, &key_url, &[], "").await.status, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_needs_a_login_escapes_keys_and_deletes_only_with_its_csrf_token() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config_with(fixture.addr, "", &with_token())).await;
+    let admin = gateway.admin.clone().unwrap();
+    let http = Http::new();
+    let hostile = "<b id=\"x\">'&'</b>";
+    let lease = Duration::from_secs(60);
+    gateway
+        .store
+        .claim(&ClaimRequest::new(
+            record_key(hostile),
+            Fingerprint::of(&[b"t"]),
+            lease,
+        ))
+        .await
+        .unwrap();
+
+    let anonymous = http
+        .send(Method::GET, &format!("{admin}/ui"), &[], "")
+        .await;
+    assert_eq!(anonymous.status, 401);
+    assert!(anonymous.text().contains("action=\"/ui/login\""));
+    assert!(!anonymous.text().contains("id=\"x\""));
+
+    let form = [("content-type", "application/x-www-form-urlencoded")];
+    let wrong = http
+        .send(
+            Method::POST,
+            &format!("{admin}/ui/login"),
+            &form,
+            "token=nope",
+        )
+        .await;
+    assert_eq!(wrong.status, 401);
+    assert!(wrong.header("set-cookie").is_none());
+
+    let login = http
+        .send(
+            Method::POST,
+            &format!("{admin}/ui/login"),
+            &form,
+            format!("token={TOKEN}"),
+        )
+        .await;
+    assert_eq!(login.status, 303);
+    let set_cookie = login.header("set-cookie").unwrap().to_owned();
+    assert!(set_cookie.contains("HttpOnly") && set_cookie.contains("SameSite=Strict"));
+    let cookie = set_cookie.split(';').next().unwrap().to_owned();
+
+    let page = http
+        .send(
+            Method::GET,
+            &format!("{admin}/ui"),
+            &[("cookie", &cookie)],
+            "",
+        )
+        .await;
+    assert_eq!(page.status, 200);
+    assert_eq!(page.header("x-frame-options"), Some("DENY"));
+    let html = page.text();
+    assert!(!html.contains(hostile), "a raw key in the page");
+    assert!(html.contains("&lt;b id=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/b&gt;"));
+    let csrf = html
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_owned();
+
+    let key_field = idem_gateway::admin::form::encode(hostile);
+    let delete = |cookie: Option<&str>, csrf: &str| {
+        let mut headers = vec![("content-type", "application/x-www-form-urlencoded")];
+        if let Some(cookie) = cookie {
+            headers.push(("cookie", cookie));
+        }
+        let body = format!("key={key_field}&scope=&csrf={csrf}");
+        let (http, url) = (http.clone(), format!("{admin}/ui/delete"));
+        let headers: Vec<(String, String)> = headers
+            .into_iter()
+            .map(|(n, v)| (n.to_owned(), v.to_owned()))
+            .collect();
+        async move {
+            let headers: Vec<(&str, &str)> = headers
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_str()))
+                .collect();
+            http.send(Method::POST, &url, &headers, body).await.status
+        }
+    };
+    let stored = || async {
+        gateway
+            .store
+            .get(&record_key(hostile))
+            .await
+            .unwrap()
+            .is_some()
+    };
+    assert_eq!(delete(Some(&cookie), "forged").await, 403);
+    assert_eq!(delete(None, &csrf).await, 401, "no session");
+    assert!(stored().await);
+    assert_eq!(delete(Some(&cookie), &csrf).await, 303);
+    assert!(!stored().await);
+
+    // The bearer header opens the page too (curl), with the process's CSRF token.
+    let bearer = format!("Bearer {TOKEN}");
+    let page = http
+        .send(
+            Method::GET,
+            &format!("{admin}/ui"),
+            &[("authorization", &bearer)],
+            "",
+        )
+        .await;
+    assert_eq!(page.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_in_flight_records_whose_lease_lapsed() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start_with_metrics(
+        &config_with(fixture.addr, "", &Overrides::default()),
+        Some(metrics_recorder()),
+    )
+    .await;
+    let admin = gateway.admin.clone().unwrap();
+    let http = Http::new();
+    // A holder that claimed and vanished: its lease lapses, no retry takes the key over. The
+    // record stays (lapsed) for one more lease, then expires.
+    gateway
+        .store
+        .claim(&ClaimRequest::new(
+            record_key("vanished"),
+            Fingerprint::of(&[b"v"]),
+            Duration::from_secs(3),
+        ))
+        .await
+        .unwrap();
+    let metrics_url = format!("{admin}/metrics");
+    let lapsed = eventually(Duration::from_secs(30), || {
+        let (http, url) = (http.clone(), metrics_url.clone());
+        async move {
+            let text = http.send(Method::GET, &url, &[], "").await.text();
+            text.lines()
+                .any(|line| line == "idem_gateway_in_flight_lapsed_records 1")
+                && text.contains("idem_gateway_oldest_in_flight_seconds")
+                && text
+                    .lines()
+                    .any(|line| line == "idem_gateway_in_flight_records 1")
+        }
+    })
+    .await;
+    assert!(lapsed, "the gauges never showed the lapsed record");
+    // And the page shows the counters with a recorder installed.
+    let page = http
+        .send(Method::GET, &format!("{admin}/ui"), &[], "")
+        .await;
+    assert!(page.text().contains("idem_duplicates_replayed_total"));
+    assert!(page.text().contains("lapsed"));
+}
