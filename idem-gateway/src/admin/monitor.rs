@@ -117,7 +117,7 @@ pub fn sum(text: &str, name: &str) -> f64 {
                 .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
         })
         .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
+        .fold(0.0, |sum, value| sum + value)
 }
 
 /// One counter: its value now and its rate per second over the window.
