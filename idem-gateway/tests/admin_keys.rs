@@ -337,12 +337,13 @@ async fn metrics_show_in_flight_records_whose_lease_lapsed() {
         .claim(&ClaimRequest::new(
             record_key("vanished"),
             Fingerprint::of(&[b"v"]),
-            Duration::from_secs(3),
+            // Longer than the 5 s the gateway reuses a scan for: some scan sees it lapsed.
+            Duration::from_secs(6),
         ))
         .await
         .unwrap();
     let metrics_url = format!("{admin}/metrics");
-    let lapsed = eventually(Duration::from_secs(30), || {
+    let lapsed = eventually(Duration::from_secs(60), || {
         let (http, url) = (http.clone(), metrics_url.clone());
         async move {
             let text = http.send(Method::GET, &url, &[], "").await.text();

@@ -23,7 +23,7 @@ pub const OLDEST_IN_FLIGHT: &str = "idem_gateway_oldest_in_flight_seconds";
 pub const MAX_SCAN_PAGES: usize = 10;
 /// A scan answered within this long is reused instead of scanning again (scrapes that come
 /// together cost one scan).
-const SCAN_CACHE: Duration = Duration::from_secs(1);
+const SCAN_CACHE: Duration = Duration::from_secs(5);
 /// How long a scan may take before it is given up.
 const SCAN_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often the counters are sampled for the rates.
@@ -167,7 +167,7 @@ impl Monitor {
         }
     }
 
-    /// Scans the in-flight records (or reuses a scan of the last second) and sets the gauges.
+    /// Scans the in-flight records (or reuses a scan of the last 5 s) and sets the gauges.
     /// A scan that fails or takes over 2 s leaves the gauges as they were.
     pub async fn refresh_gauges(&self, store: &dyn Store) {
         let mut scanned = self.scanned.lock().await;

@@ -109,6 +109,20 @@ fn scope_cell(record: &Record) -> String {
     }
 }
 
+/// How long each of the page's scans may take.
+const SCAN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A scan, or why there is none (its error, or no answer within [`SCAN_TIMEOUT`]).
+async fn within<T>(
+    scan: impl std::future::Future<Output = Result<T, idem_core::StoreError>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(SCAN_TIMEOUT, scan).await {
+        Ok(Ok(found)) => Ok(found),
+        Ok(Err(err)) => Err(err.to_string()),
+        Err(_) => Err(format!("no answer within {SCAN_TIMEOUT:?}")),
+    }
+}
+
 /// What the page is built from.
 pub struct Page<'a> {
     /// The store to read.
@@ -135,13 +149,13 @@ impl Page<'_> {
         }
         body.push_str("<a href=\"/ui\">Refresh</a>\n");
         self.rates(&mut body);
-        match InFlight::scan(self.store).await {
+        match within(InFlight::scan(self.store)).await {
             Ok(in_flight) => self.in_flight(&mut body, &in_flight, now),
             Err(err) => {
                 let _ = write!(
                     body,
                     "<h2>In flight</h2><p class=\"err\">store: {}</p>",
-                    html(&err.to_string())
+                    html(&err)
                 );
             }
         }
@@ -245,14 +259,10 @@ impl Page<'_> {
         let mut records = Vec::new();
         for state in [State::Completed, State::Failed] {
             let query = ScanQuery::all().with_state(state);
-            match scan_all(self.store, query, RECENT_SCAN).await {
+            match within(scan_all(self.store, query, RECENT_SCAN)).await {
                 Ok((found, _)) => records.extend(found),
                 Err(err) => {
-                    let _ = writeln!(
-                        body,
-                        "<p class=\"err\">store: {}</p>",
-                        html(&err.to_string())
-                    );
+                    let _ = writeln!(body, "<p class=\"err\">store: {}</p>", html(&err));
                     return;
                 }
             }
