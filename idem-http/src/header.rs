@@ -190,6 +190,19 @@ fn parse_bare(value: &[u8], offset: usize) -> Result<IdempotencyKey, KeyHeaderEr
 /// Parses an sf-string starting at `value[0] == b'"'`, then checks that nothing but whitespace
 /// follows it.
 fn parse_string(value: &[u8], offset: usize) -> Result<IdempotencyKey, KeyHeaderError> {
+    // The common case, a string without escapes and with nothing after it: the key is the
+    // bytes between the quotes, taken without a copy.
+    if let Some(inner) = value
+        .strip_prefix(b"\"")
+        .and_then(|rest| rest.strip_suffix(b"\""))
+    {
+        if !inner
+            .iter()
+            .any(|&b| b == b'"' || b == b'\\' || !is_printable(b))
+        {
+            return Ok(IdempotencyKey::from_bytes(inner)?);
+        }
+    }
     let mut key = Vec::with_capacity(value.len());
     let mut index = 1;
     let rest = loop {

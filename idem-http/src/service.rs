@@ -533,19 +533,29 @@ async fn drive<S, ReqBody, ResBody>(
 struct Claim {
     shared: Arc<Shared>,
     lease: Lease,
-    /// The heartbeat, polled alongside the handler ([`Claim::beating`]); it sets no timer until
-    /// the handler first has to wait.
-    heartbeat: Option<Work>,
+    /// The heartbeat, polled alongside the handler ([`Claim::beating`]); it is made (and sets
+    /// its timer) only when the handler first has to wait, so a handler that answers at once
+    /// costs no timer and no allocation.
+    heartbeat: Beat,
     settled: bool,
+}
+
+/// The state of a claim's heartbeat.
+enum Beat {
+    /// Not started: the handler has not had to wait yet.
+    Idle,
+    /// Running.
+    Running(Work),
+    /// Stopped: the lease was lost, or the claim is settled.
+    Stopped,
 }
 
 impl Claim {
     fn new(shared: Arc<Shared>, lease: Lease) -> Self {
-        let heartbeat: Work = Box::pin(heartbeat(shared.clone(), lease.clone()));
         Claim {
             shared,
             lease,
-            heartbeat: Some(heartbeat),
+            heartbeat: Beat::Idle,
             settled: false,
         }
     }
@@ -553,15 +563,23 @@ impl Claim {
     /// Runs `future` while the heartbeat keeps the lease.
     async fn beating<F: Future>(&mut self, future: F) -> F::Output {
         let mut future = std::pin::pin!(future);
-        let heartbeat = &mut self.heartbeat;
+        let Claim {
+            shared,
+            lease,
+            heartbeat: beat,
+            ..
+        } = self;
         std::future::poll_fn(|cx| {
             if let Poll::Ready(output) = future.as_mut().poll(cx) {
                 return Poll::Ready(output);
             }
-            if let Some(beat) = heartbeat.as_mut() {
-                if beat.as_mut().poll(cx).is_ready() {
+            if let Beat::Idle = beat {
+                *beat = Beat::Running(Box::pin(heartbeat(shared.clone(), lease.clone())));
+            }
+            if let Beat::Running(running) = beat {
+                if running.as_mut().poll(cx).is_ready() {
                     // The lease was lost; the handler goes on, its completion will be refused.
-                    *heartbeat = None;
+                    *beat = Beat::Stopped;
                 }
             }
             Poll::Pending
@@ -570,7 +588,7 @@ impl Claim {
     }
 
     fn settle(&mut self) {
-        self.heartbeat = None;
+        self.heartbeat = Beat::Stopped;
         self.settled = true;
     }
 
