@@ -60,7 +60,7 @@ pub struct OverrideArgs {
     /// The admin listener's address (metrics, health).
     #[arg(long, env = "IDEM_ADMIN_LISTEN", global = true, value_name = "ADDR")]
     pub admin_listen: Option<String>,
-    /// A bearer token the admin listener requires.
+    /// A bearer token the admin listener requires (and that `keys --admin` sends).
     #[arg(
         long,
         env = "IDEM_ADMIN_TOKEN",
