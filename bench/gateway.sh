@@ -20,24 +20,13 @@ THREADS=${THREADS:-2}
 CONNECTIONS=${CONNECTIONS:-64}
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
 
-install_missing() {
-    local missing=()
-    command -v wrk >/dev/null 2>&1 || missing+=(wrk)
-    command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
-    if [ ${#missing[@]} -gt 0 ]; then
-        echo "installing ${missing[*]} from Debian's packages" >&2
-        local sudo=""
-        [ "$(id -u)" -eq 0 ] || sudo=sudo
-        $sudo apt-get update -qq >&2
-        $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
-    fi
-}
-install_missing
+. bench/lib.sh
+install_missing wrk nginx
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
 echo "building idem-fixture and idem (release, with the redis store)" >&2
 cargo build --release -q -p idem-fixture -p idem-gateway --features idem-gateway/redis
-target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+target_dir=$(target_dir)
 fixture="$target_dir/release/idem-fixture"
 idem="$target_dir/release/idem"
 
@@ -50,23 +39,6 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
-
-# wait_line <file> <prefix>: the rest of the first line of <file> starting with <prefix>.
-wait_line() {
-    for _ in $(seq 100); do
-        local line
-        line=$(grep -m1 "^$2" "$1" 2>/dev/null || true)
-        if [ -n "$line" ]; then echo "${line#"$2"}"; return 0; fi
-        sleep 0.1
-    done
-    echo "no '$2' line in $1:" >&2
-    cat "$1" >&2
-    return 1
-}
-
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
 
 # The upstream.
 "$fixture" --bare --listen 127.0.0.1:0 >"$work/fixture.out" 2>&1 &

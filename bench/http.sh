@@ -22,14 +22,12 @@ THREADS=${THREADS:-2}
 CONNECTIONS=${CONNECTIONS:-64}
 REDIS_URL=${REDIS_URL:-}
 
-if ! command -v wrk >/dev/null 2>&1; then
-    echo "wrk not found: installing it from Debian's packages" >&2
-    if [ "$(id -u)" -eq 0 ]; then apt-get update -qq && apt-get install -y -qq wrk; else sudo apt-get install -y wrk; fi
-fi
+. bench/lib.sh
+install_missing wrk
 
 echo "building idem-fixture (release)" >&2
 cargo build --release -q -p idem-fixture
-target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+target_dir=$(target_dir)
 fixture="$target_dir/release/idem-fixture"
 
 pid=""
@@ -39,7 +37,7 @@ stop_redis() { if [ -n "$redis_pid" ]; then kill "$redis_pid" 2>/dev/null || tru
 trap 'cleanup; stop_redis' EXIT
 
 if [ -z "$REDIS_URL" ] && command -v redis-server >/dev/null 2>&1; then
-    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    port=$(free_port)
     redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no >/dev/null &
     redis_pid=$!
     REDIS_URL="redis://127.0.0.1:$port"

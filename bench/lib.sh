@@ -1,0 +1,62 @@
+# shellcheck shell=bash
+# Helpers the bench scripts share. Source it from a script in bench/:
+#   . "$(dirname "$0")/lib.sh"
+
+# install_missing <command[:package]>...: installs from Debian's packages the commands that are
+# neither on PATH nor in /usr/sbin (the package is named like the command unless given).
+install_missing() {
+    local missing=() spec
+    for spec in "$@"; do
+        local command=${spec%%:*} package=${spec#*:}
+        command -v "$command" >/dev/null 2>&1 || [ -x "/usr/sbin/$command" ] || missing+=("$package")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "installing ${missing[*]} from Debian's packages" >&2
+        local sudo=""
+        [ "$(id -u)" -eq 0 ] || sudo=sudo
+        $sudo apt-get update -qq >&2
+        $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
+    fi
+}
+
+# target_dir: cargo's target directory (CARGO_TARGET_DIR or ./target).
+target_dir() {
+    cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p'
+}
+
+# wait_line <file> <prefix>: the rest of the first line of <file> starting with <prefix>.
+wait_line() {
+    for _ in $(seq 100); do
+        local line
+        line=$(grep -m1 "^$2" "$1" 2>/dev/null || true)
+        if [ -n "$line" ]; then echo "${line#"$2"}"; return 0; fi
+        sleep 0.1
+    done
+    echo "no '$2' line in $1:" >&2
+    cat "$1" >&2
+    return 1
+}
+
+# free_port: a TCP port of 127.0.0.1 that nothing listens on now.
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# now_ms: milliseconds since the Unix epoch (the clock idem-load stamps its requests with).
+now_ms() {
+    date +%s%3N
+}
+
+# build_release: builds idem-fixture, idem (with the redis and postgres stores) and idem-load
+# (bench/src/bin/idem-load) in release mode, and sets $fixture, $idem and $load to them.
+# shellcheck disable=SC2034 # the paths are for the sourcing script
+build_release() {
+    echo "building idem-fixture, idem (redis, postgres) and idem-load (release)" >&2
+    cargo build --release -q -p idem-fixture -p idem-gateway --features idem-gateway/redis,idem-gateway/postgres
+    cargo build --release -q -p idem-bench --bin idem-load
+    local dir
+    dir=$(target_dir)
+    fixture="$dir/release/idem-fixture"
+    idem="$dir/release/idem"
+    load="$dir/release/idem-load"
+}
