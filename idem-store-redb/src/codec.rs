@@ -203,6 +203,10 @@ fn parse(key: &RecordKey, raw: &[u8]) -> Result<Record, String> {
     if flags & !(HAS_COMPLETED_AT | HAS_RESULT | HAS_FAILURE | FAILURE_RETRYABLE) != 0 {
         return Err(format!("unknown flags {flags:#04x}"));
     }
+    // Each record has one encoding: the failure's retryable bit is never set without a failure.
+    if flags & (HAS_FAILURE | FAILURE_RETRYABLE) == FAILURE_RETRYABLE {
+        return Err("the retryable flag is set without a failure".to_owned());
+    }
     let completed_at = if flags & HAS_COMPLETED_AT != 0 {
         Some(Timestamp::from_micros(r.u64().ok_or_else(truncated)?))
     } else {
@@ -332,6 +336,28 @@ mod tests {
         let mut other_format = raw;
         other_format[0] = 2;
         assert!(decode_record(&key(), &other_format).is_err());
+    }
+
+    /// Found by the fuzz target `redb_record`: a completed record whose flags byte also held
+    /// the failure's retryable bit (0x0b) decoded, and re-encoded to other bytes.
+    #[test]
+    fn the_retryable_flag_without_a_failure_is_corrupt() {
+        let raw = encode_record(&record(State::Completed)).unwrap();
+        assert_eq!(raw[FIXED_LEN - 1], HAS_COMPLETED_AT | HAS_RESULT);
+        let mut flagged = raw;
+        flagged[FIXED_LEN - 1] |= FAILURE_RETRYABLE;
+        let err = decode_record(&key(), &flagged).unwrap_err();
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+
+        let crash = b"\x01\x01\x00\x01\x02\x03\x04\x0a\x24\x19\xe8\x03\x80\x00\x00\x00\
+            \x02\x00\x06\x0a\x24\x18\x1e\x40\x00\x00\x06\x0a\x24\xee\xb1\xe4\
+            \x00\x03\x00\x06\x0a\x24\x18\x2d\x82\x07\x08\x09\x0a\x0b\x0c\x0d\
+            \x0e\x0f\x00\x06\x0a\x24\x18\x1e\x40\x01\x00\x06\x0a\x24\x19\xe8\
+            \x03\x80\x00\x00\x00\x02\x00\x06\x0a\x24\x18\x1e\x40\x00\x00\x06\
+            \x0a\x24\xee\xb1\xe4\x00\x0b\x00\x06\x0a\x24\x18\x2d\x82\x40\x00\
+            \x00\x00\x08\x00\xffresult";
+        assert_eq!(crash.len(), 107);
+        assert!(decode_record(&key(), crash).is_err());
     }
 
     proptest! {
