@@ -28,3 +28,22 @@ pub fn request_fingerprint(method: &Method, uri: &Uri, body: &[u8]) -> Fingerpri
         .part(body)
         .finish()
 }
+
+/// The fingerprint of a request whose body arrives as `body`: read as the layer reads it (up
+/// to `limit` bytes, de-chunked), then [`request_fingerprint`]. `None` if the body is over the
+/// limit or fails. For the fuzz targets (the `fuzzing` feature); not a stable API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub async fn captured_fingerprint<B>(
+    method: &Method,
+    uri: &Uri,
+    body: B,
+    limit: usize,
+) -> Option<Fingerprint>
+where
+    B: http_body::Body,
+    B::Error: Into<idem_core::BoxError>,
+{
+    let bytes = crate::body::capture(body, limit).await.ok()?;
+    Some(request_fingerprint(method, uri, &bytes))
+}

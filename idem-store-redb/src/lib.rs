@@ -62,6 +62,9 @@
 //! [`Store::scan`]: idem_core::Store::scan
 
 mod codec;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod store;
 
 pub use store::{RedbStore, RedbStoreBuilder};

@@ -85,6 +85,9 @@
 mod codec;
 mod config;
 mod conn;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod layout;
 mod scan;
 mod scripts;
