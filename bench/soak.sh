@@ -45,7 +45,8 @@ cleanup() {
 trap cleanup EXIT
 
 "$fixture" --bare --listen 127.0.0.1:0 >"$work/fixture.out" 2>&1 &
-pids+=($!)
+upstream_pid=$!
+pids+=("$upstream_pid")
 upstream=$(wait_line "$work/fixture.out" "")
 
 cat >"$work/idem.toml" <<TOML
@@ -73,6 +74,16 @@ echo
 echo "idem serve on the memory store (memory_capacity $CAPACITY), idem-load soak -c $CONNECTIONS + $CONFLICT_WORKERS conflict workers, $DURATION, large bodies $LARGE bytes; $(nproc) cores shared, $(date -u +%Y-%m-%d)"
 echo
 cat "$work/report"
+for p in "$upstream_pid" "$gateway"; do
+    if ! kill -0 "$p" 2>/dev/null; then
+        code=0
+        wait "$p" || code=$?
+        echo "$(cat "/proc/$p/comm" 2>/dev/null || echo "pid $p") exited during the run with status $code (a signal if over 128)"
+        [ "$p" = "$gateway" ] && tail -n 5 "$work/gateway.log"
+        [ "$p" = "$upstream_pid" ] && tail -n 5 "$work/fixture.out"
+        status=1
+    fi
+done
 warnings=$(grep -cE ' (WARN|ERROR) ' "$work/gateway.log" || true)
 echo "gateway log: $warnings warnings or errors"
 grep -m5 -E ' (WARN|ERROR) ' "$work/gateway.log" || true
