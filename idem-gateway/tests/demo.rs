@@ -1,0 +1,119 @@
+//! `idem demo`, the README's first command: the process starts, prints its addresses, and the
+//! five curl lines it prints behave as it says (executed, replayed, 422, 400, 409), with the
+//! upstream counting one execution per key.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{Http, Proc, idem_bin};
+use http::Method;
+
+/// Starts `idem demo` and reads the gateway's and the upstream's addresses from its output.
+fn start_demo() -> (Proc, SocketAddr, SocketAddr) {
+    let mut command = Command::new(idem_bin());
+    command
+        .arg("demo")
+        .stdout(Stdio::piped())
+        .env("RUST_LOG", "warn");
+    for (name, _) in std::env::vars() {
+        if name.starts_with("IDEM_") {
+            command.env_remove(name);
+        }
+    }
+    let mut child = command.spawn().unwrap();
+    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    let (mut gateway, mut upstream) = (None, None);
+    let mut line = String::new();
+    while gateway.is_none() || upstream.is_none() {
+        line.clear();
+        let n = reader.read_line(&mut line).unwrap();
+        assert!(n > 0, "idem demo ended before printing its addresses");
+        // "idem demo: a payments API at http://UPSTREAM behind the idem gateway at http://GATEWAY"
+        let address_after = |marker: &str| {
+            line.split(marker)
+                .nth(1)
+                .and_then(|rest| rest.split_whitespace().next())
+                .map(|addr| addr.parse::<SocketAddr>().unwrap())
+        };
+        upstream = upstream.or_else(|| address_after("a payments API at http://"));
+        gateway = gateway.or_else(|| address_after("the idem gateway at http://"));
+    }
+    // Keep draining stdout so the demo never blocks on a full pipe.
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        while reader.read_line(&mut sink).is_ok_and(|n| n > 0) {
+            sink.clear();
+        }
+    });
+    (Proc { child }, gateway.unwrap(), upstream.unwrap())
+}
+
+#[tokio::test]
+async fn the_demo_answers_its_five_curl_lines_as_it_says() {
+    let (_demo, gateway, upstream) = start_demo();
+    let http = Http::new();
+    let payments = format!("http://{gateway}/payments");
+
+    // 1. A payment: executed.
+    let first = http
+        .post_key(&payments, "order-1", r#"{"amount": 10}"#)
+        .await;
+    assert_eq!(first.status, 201, "{}", first.text());
+    assert!(!first.replayed());
+
+    // 2. The retry: the same answer, replayed.
+    let retry = http
+        .post_key(&payments, "order-1", r#"{"amount": 10}"#)
+        .await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body);
+
+    // 3. The same key with another payload: 422.
+    let changed = http
+        .post_key(&payments, "order-1", r#"{"amount": 99}"#)
+        .await;
+    assert_eq!(changed.status, 422, "{}", changed.text());
+
+    // 4. No key: 400.
+    let keyless = http
+        .send(Method::POST, &payments, &[], r#"{"amount": 10}"#)
+        .await;
+    assert_eq!(keyless.status, 400, "{}", keyless.text());
+
+    // 5. A retry while the first attempt runs: 409 with Retry-After. (Whichever of the two
+    // reaches the gateway first runs; the other is the duplicate.)
+    let slow = format!("http://{gateway}/payments?delay=2s");
+    let first = {
+        let (http, slow) = (http.clone(), slow.clone());
+        tokio::spawn(async move { http.post_key(&slow, "order-2", "x").await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = http.post_key(&slow, "order-2", "x").await;
+    let first = first.await.unwrap();
+    let (ran, duplicate) = if first.status == 409 {
+        (second, first)
+    } else {
+        (first, second)
+    };
+    assert_eq!(ran.status, 201, "{}", ran.text());
+    assert_eq!(duplicate.status, 409, "{}", duplicate.text());
+    assert!(duplicate.header("retry-after").is_some());
+
+    // One execution per key.
+    let executions = http
+        .send(
+            Method::GET,
+            &format!("http://{upstream}/executions"),
+            &[],
+            "",
+        )
+        .await;
+    assert_eq!(executions.text(), r#"{"executions":2}"#);
+}
