@@ -24,7 +24,7 @@ pub fn decode_record(
 #[must_use]
 pub fn encode_result(result: &[u8], threshold: usize) -> (Vec<u8>, &'static str) {
     let stored = crate::codec::encode_result(result, threshold);
-    (stored.bytes.into_owned(), stored.codec)
+    (stored.bytes.to_vec(), stored.codec)
 }
 
 /// A holder's transition answer (`ok`, `rejected`, `corrupt`) as the store reads it: the parts
