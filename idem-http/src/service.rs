@@ -483,8 +483,12 @@ async fn drive<S, ReqBody, ResBody>(
         match claim.beating(body.collect()).await {
             Ok(collected) => {
                 let bytes = collected.to_bytes();
-                claim.complete(status, headers, Some(bytes.clone())).await;
+                let unstored = claim.complete(status, headers, Some(bytes.clone())).await;
                 let _ = reply.send(Ok(Response::from_parts(parts, ResponseBody::full(bytes))));
+                // The caller has its answer; the record is still worth storing.
+                if let Some(encoded) = unstored {
+                    claim.retry_complete(encoded).await;
+                }
             }
             Err(_) => {
                 claim.release("body_error").await;
@@ -525,7 +529,9 @@ async fn drive<S, ReqBody, ResBody>(
         }
     }
     let body = captured.map(|chunks| Bytes::from(chunks.concat()));
-    claim.complete(status, headers, body).await;
+    if let Some(encoded) = claim.complete(status, headers, body).await {
+        claim.retry_complete(encoded).await;
+    }
 }
 
 /// A held claim: keeps its lease by heartbeat while the handler runs, and is released if
@@ -619,13 +625,16 @@ impl Claim {
         }
     }
 
-    /// Stores the response (without its body if it is over the cap).
+    /// Stores the response (without its body if it is over the cap). When the store fails with
+    /// a retryable error (it is down, or slow), returns the encoded response for
+    /// [`Claim::retry_complete`]: a record left in flight would let a retry after the lease run
+    /// the handler again.
     async fn complete(
         &mut self,
         status: StatusCode,
         headers: Vec<(HeaderName, HeaderValue)>,
         body: Option<Bytes>,
-    ) {
+    ) -> Option<Bytes> {
         self.settle();
         let config = &self.shared.config;
         let mut stored = StoredResponse {
@@ -643,20 +652,31 @@ impl Claim {
         let mut result = metrics::store_op(
             config.store_label,
             "complete",
-            store.complete(&self.lease, encoded, config.retention),
+            store.complete(&self.lease, encoded.clone(), config.retention),
         )
         .await;
         if matches!(result, Err(StoreError::TooLarge { .. })) && stored.body.is_some() {
             // The store takes less than the cap: keep status and headers at least.
             stored.body = None;
             metrics::count(metrics::OMITTED);
-            let encoded = codec::encode(&stored);
+            encoded = codec::encode(&stored);
             result = metrics::store_op(
                 config.store_label,
                 "complete",
-                store.complete(&self.lease, encoded, config.retention),
+                store.complete(&self.lease, encoded.clone(), config.retention),
             )
             .await;
+        }
+        if matches!(&result, Err(error) if error.is_retryable()) {
+            if let Err(error) = &result {
+                tracing::warn!(
+                    idempotency_key = %log_key(config, &self.lease.key),
+                    fence = self.lease.fence.get(),
+                    error = %error,
+                    "storing the response failed; retrying until the lease ends"
+                );
+            }
+            return Some(encoded);
         }
         match result {
             Ok(()) => tracing::debug!(
@@ -674,6 +694,54 @@ impl Claim {
                 "storing the response failed: a retry after the lease may run the handler again"
             ),
         }
+        None
+    }
+
+    /// Tries again to store a response the store failed to take, backing off, until it takes
+    /// it, refuses it (the lease was lost), or one lease has passed: after that, another
+    /// attempt may hold the key, and this one's completion would be refused anyway.
+    async fn retry_complete(&mut self, encoded: Bytes) {
+        let config = &self.shared.config;
+        let deadline = Instant::now() + config.lease;
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            tokio::time::sleep(pause.min(deadline - now)).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+            let stored = self
+                .shared
+                .store
+                .complete(&self.lease, encoded.clone(), config.retention);
+            match metrics::store_op(config.store_label, "complete", stored).await {
+                Ok(()) => {
+                    tracing::info!(
+                        idempotency_key = %log_key(config, &self.lease.key),
+                        fence = self.lease.fence.get(),
+                        state_after = "completed",
+                        "the response was stored on a retry"
+                    );
+                    return;
+                }
+                Err(error) if error.is_retryable() => {}
+                Err(error) => {
+                    tracing::warn!(
+                        idempotency_key = %log_key(config, &self.lease.key),
+                        fence = self.lease.fence.get(),
+                        error = %error,
+                        "storing the response failed: a retry after the lease may run the handler again"
+                    );
+                    return;
+                }
+            }
+        }
+        tracing::warn!(
+            idempotency_key = %log_key(config, &self.lease.key),
+            fence = self.lease.fence.get(),
+            "storing the response failed for a whole lease: a retry after the lease may run the handler again"
+        );
     }
 }
 

@@ -221,6 +221,85 @@ async fn a_store_that_is_down_is_503_and_the_handler_does_not_run() {
     assert_eq!(app.count(), 0);
 }
 
+/// A MemoryStore whose `complete` fails as if the server were down, the first `failures`
+/// times it is called.
+#[derive(Debug)]
+struct CompleteFailsAtFirst {
+    inner: MemoryStore,
+    failures: AtomicU64,
+}
+
+#[async_trait]
+impl Store for CompleteFailsAtFirst {
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        self.inner.claim(request).await
+    }
+    async fn heartbeat(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
+        self.inner.heartbeat(lease, extend).await
+    }
+    async fn complete(
+        &self,
+        lease: &Lease,
+        result: Bytes,
+        keep: Duration,
+    ) -> Result<(), StoreError> {
+        let left = self.failures.load(Ordering::SeqCst);
+        if left > 0 {
+            self.failures.store(left - 1, Ordering::SeqCst);
+            return Err(down());
+        }
+        self.inner.complete(lease, result, keep).await
+    }
+    async fn fail(
+        &self,
+        lease: &Lease,
+        failure: Failure,
+        keep: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.fail(lease, failure, keep).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.inner.release(lease).await
+    }
+    async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
+        self.inner.get(key).await
+    }
+    async fn delete(&self, key: &RecordKey) -> Result<bool, StoreError> {
+        self.inner.delete(key).await
+    }
+    async fn scan(&self, query: &ScanQuery) -> Result<ScanPage, StoreError> {
+        self.inner.scan(query).await
+    }
+}
+
+/// A store that fails while the response is stored (a short outage after the handler ran)
+/// does not leave the record in flight: the layer answers the client, keeps trying within the
+/// lease, and a retry is then a replay, not a second execution.
+#[tokio::test]
+async fn a_completion_the_store_failed_is_retried_so_a_retry_is_a_replay() {
+    let store = CompleteFailsAtFirst {
+        inner: MemoryStore::new(),
+        failures: AtomicU64::new(3),
+    };
+    let app = App::counting(store, Config::builder()).await;
+    let first = app.post(Some("k"), "").await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.outcome(), "executed");
+    let mut answer = app.post(Some("k"), "").await;
+    for _ in 0..100 {
+        if answer.outcome() == "replayed" {
+            break;
+        }
+        // In flight while the layer retries the completion.
+        assert_eq!(answer.status, StatusCode::CONFLICT, "{:?}", answer.body);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        answer = app.post(Some("k"), "").await;
+    }
+    assert_eq!(answer.outcome(), "replayed");
+    assert_eq!(answer.body, first.body);
+    assert_eq!(app.count(), 1);
+}
+
 #[tokio::test]
 async fn fail_open_runs_the_handler_and_marks_the_response() {
     let config = Config::builder().store_failure(StoreFailure::FailOpen);
