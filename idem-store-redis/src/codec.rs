@@ -3,6 +3,7 @@
 //! Decoding is defensive: a missing or garbled field is a [`StoreError::Corrupt`], never a
 //! panic, and every decoded record is checked with [`Record::validate`].
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use idem_core::{
@@ -10,47 +11,122 @@ use idem_core::{
     State, StoreError, Timestamp,
 };
 
-/// The codec flag of an lz4-compressed result (field `z`).
+/// The codec flag of an lz4-compressed result (in the meta).
 pub(crate) const LZ4: &str = "1";
 
+/// The codec flag of a result stored as it is.
+pub(crate) const RAW: &str = "0";
+
 /// The named fields of a record (besides the result pieces `0`, `1`, ...).
-const KNOWN: [&[u8]; 13] = [
-    b"s", b"p", b"o", b"n", b"l", b"a", b"c", b"d", b"x", b"k", b"g", b"e", b"z",
-];
+const KNOWN: [&[u8]; 5] = [b"m", b"p", b"k", b"g", b"e"];
+
+/// Bytes of the meta field (`m`) of a settled record; an in-flight one appends its owner.
+pub(crate) const META_BYTES: usize = 34;
+
+/// Bytes of the meta field of an in-flight record: the settled layout and the owner token.
+pub(crate) const HELD_META_BYTES: usize = META_BYTES + 16;
+
+/// The meta field (`m`) of a record, as the scripts pack it (Lua `struct` format
+/// `>c1c1I4I7I7I7I7`, then the owner token in flight): state, codec, attempt, fence,
+/// created_at, lease_until (in flight) or completed_at (settled), expires_at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Meta {
+    pub(crate) state: State,
+    /// `true` when the result is lz4-compressed.
+    pub(crate) lz4: bool,
+    pub(crate) attempt: u32,
+    pub(crate) fence: u64,
+    pub(crate) created: u64,
+    /// The lease end of an in-flight record, the completion time of a settled one.
+    pub(crate) time: u64,
+    pub(crate) expires: u64,
+    /// The owner of an in-flight record; a settled record keeps none.
+    pub(crate) owner: Option<u128>,
+}
+
+impl Meta {
+    /// Decodes a meta field. Tombstones never reach the client (the scripts answer "no record"
+    /// for them), so one here is garbled too.
+    pub(crate) fn parse(bytes: &[u8]) -> Result<Meta, String> {
+        let garbled = || "the meta field is garbled".to_owned();
+        if bytes.len() != META_BYTES && bytes.len() != HELD_META_BYTES {
+            return Err(garbled());
+        }
+        let state = match bytes[0] {
+            b'i' => State::InFlight,
+            b'c' => State::Completed,
+            b'f' => State::Failed,
+            _ => return Err("unknown state".to_owned()),
+        };
+        if (state == State::InFlight) != (bytes.len() == HELD_META_BYTES) {
+            return Err(garbled());
+        }
+        let lz4 = match bytes[1] {
+            b'0' => false,
+            b'1' if state == State::Completed => true,
+            _ => return Err("unknown result codec".to_owned()),
+        };
+        let attempt = bytes
+            .get(2..6)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map(u32::from_be_bytes)
+            .ok_or_else(garbled)?;
+        let at = |offset: usize| bytes.get(offset..offset + 7).map(be56).ok_or_else(garbled);
+        let owner = bytes
+            .get(META_BYTES..HELD_META_BYTES)
+            .and_then(|b| <[u8; 16]>::try_from(b).ok())
+            .map(u128::from_be_bytes);
+        Ok(Meta {
+            state,
+            lz4,
+            attempt,
+            fence: at(6)?,
+            created: at(13)?,
+            time: at(20)?,
+            expires: at(27)?,
+            owner,
+        })
+    }
+}
+
+/// A big-endian number of up to 8 bytes (the scripts' `>I7`).
+pub(crate) fn be56(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0, |n, &b| (n << 8) | u64::from(b))
+}
 
 /// A result as it is stored: maybe compressed, with its codec flag.
 #[derive(Debug)]
-pub(crate) struct StoredResult {
-    /// The bytes to store.
-    pub(crate) bytes: Vec<u8>,
-    /// `""` for raw bytes, [`LZ4`] for lz4 (size-prepended block format).
+pub(crate) struct StoredResult<'a> {
+    /// The bytes to store: the result itself (not copied) when it is stored as it is.
+    pub(crate) bytes: Cow<'a, [u8]>,
+    /// [`RAW`] for the bytes as they are, [`LZ4`] for lz4 (size-prepended block format).
     pub(crate) codec: &'static str,
 }
 
 /// Compresses `result` with lz4 if it is longer than `threshold` bytes and compression makes
 /// it smaller; otherwise keeps it as it is.
-pub(crate) fn encode_result(result: &[u8], threshold: usize) -> StoredResult {
+pub(crate) fn encode_result(result: &[u8], threshold: usize) -> StoredResult<'_> {
     if result.len() > threshold {
         let compressed = lz4_flex::compress_prepend_size(result);
         if compressed.len() < result.len() {
             return StoredResult {
-                bytes: compressed,
+                bytes: Cow::Owned(compressed),
                 codec: LZ4,
             };
         }
     }
     StoredResult {
-        bytes: result.to_vec(),
-        codec: "",
+        bytes: Cow::Borrowed(result),
+        codec: RAW,
     }
 }
 
 /// Reverses [`encode_result`]. A compressed result that claims to be longer than `max_len`
 /// is refused before anything is allocated.
-fn decode_result(stored: Vec<u8>, codec: Option<&[u8]>, max_len: usize) -> Result<Bytes, String> {
-    match codec {
-        None => Ok(Bytes::from(stored)),
-        Some(b"1") => {
+fn decode_result(stored: Vec<u8>, lz4: bool, max_len: usize) -> Result<Bytes, String> {
+    match lz4 {
+        false => Ok(Bytes::from(stored)),
+        true => {
             let (prefix, body) = stored
                 .split_first_chunk::<4>()
                 .ok_or("the compressed result has no length")?;
@@ -69,7 +145,6 @@ fn decode_result(stored: Vec<u8>, codec: Option<&[u8]>, max_len: usize) -> Resul
             }
             Ok(Bytes::from(out))
         }
-        Some(_) => Err("unknown result codec".to_owned()),
     }
 }
 
@@ -98,7 +173,7 @@ pub(crate) fn decode_record(
     Ok(record)
 }
 
-/// The named fields of one record.
+/// The fields of one record.
 #[derive(Default)]
 struct Fields<'a> {
     named: BTreeMap<&'a [u8], &'a [u8]>,
@@ -118,9 +193,11 @@ impl<'a> Fields<'a> {
                     .ok()
                     .and_then(|n| n.parse::<usize>().ok())
                     .ok_or("a result piece number is out of range")?;
-                fields.pieces.insert(index, value);
+                if fields.pieces.insert(index, value).is_some() {
+                    return Err("a result piece appears twice".to_owned());
+                }
             } else if !KNOWN.contains(&name) {
-                return Err("unknown field".to_owned());
+                return Err("unknown field (a record of another format?)".to_owned());
             } else if fields.named.insert(name, value).is_some() {
                 return Err("a field appears twice".to_owned());
             }
@@ -132,15 +209,6 @@ impl<'a> Fields<'a> {
         self.named.get(name.as_bytes()).copied()
     }
 
-    fn required(&self, name: &str, what: &str) -> Result<&'a [u8], String> {
-        self.get(name)
-            .ok_or_else(|| format!("the {what} is missing"))
-    }
-
-    fn number(&self, name: &str, what: &str) -> Result<u64, String> {
-        parse_u64(self.required(name, what)?).ok_or_else(|| format!("the {what} is not a number"))
-    }
-
     fn text(&self, name: &str, what: &str) -> Result<Option<&'a str>, String> {
         self.get(name)
             .map(|v| std::str::from_utf8(v).map_err(|_| format!("the {what} is not UTF-8")))
@@ -148,32 +216,18 @@ impl<'a> Fields<'a> {
     }
 
     fn record(&self, max_result: usize) -> Result<Record, String> {
-        let state = match self.required("s", "state")? {
-            b"i" => State::InFlight,
-            b"c" => State::Completed,
-            b"f" => State::Failed,
-            _ => return Err("unknown state".to_owned()),
-        };
+        let meta = Meta::parse(self.get("m").ok_or("the hash has no meta field")?)?;
         let fingerprint: [u8; 32] = self
-            .required("p", "fingerprint")?
+            .get("p")
+            .ok_or("the fingerprint is missing")?
             .try_into()
             .map_err(|_| "the fingerprint is not 32 bytes")?;
-        let owner: [u8; 16] = self
-            .required("o", "owner token")?
-            .try_into()
-            .map_err(|_| "the owner token is not 16 bytes")?;
         let key = self
             .text("k", "key")?
             .ok_or("the key is missing")
             .and_then(|k| IdempotencyKey::new(k).map_err(|_| "the key breaks the key rules"))?;
         let scope = Scope::new(self.text("g", "scope")?.unwrap_or(""))
             .map_err(|_| "the scope breaks the key rules")?;
-        let attempt = u32::try_from(self.number("a", "attempt count")?)
-            .map_err(|_| "the attempt count is out of range")?;
-        let completed_at = match self.get("d") {
-            Some(v) => Some(parse_u64(v).ok_or("the completion time is not a number")?),
-            None => None,
-        };
         let result = if self.pieces.is_empty() {
             None
         } else {
@@ -184,20 +238,27 @@ impl<'a> Fields<'a> {
                 }
                 stored.extend_from_slice(piece);
             }
-            Some(decode_result(stored, self.get("z"), max_result)?)
+            Some(decode_result(stored, meta.lz4, max_result)?)
         };
         let failure = self.text("e", "failure message")?.map(Failure::permanent);
+        let time = Timestamp::from_micros(meta.time);
+        // A settled record keeps neither its owner nor its lease: it answers the nil token,
+        // and the lease as ended when the record settled.
+        let (owner, completed_at) = match meta.owner {
+            Some(owner) => (owner, None),
+            None => (0, Some(time)),
+        };
         Ok(Record {
             key: RecordKey::new(scope, key),
-            state,
+            state: meta.state,
             fingerprint: Fingerprint::from_bytes(fingerprint),
-            owner: OwnerToken::from_u128(u128::from_be_bytes(owner)),
-            fence: Fence::new(self.number("n", "fence")?),
-            lease_until: Timestamp::from_micros(self.number("l", "lease end")?),
-            attempt,
-            created_at: Timestamp::from_micros(self.number("c", "creation time")?),
-            completed_at: completed_at.map(Timestamp::from_micros),
-            expires_at: Timestamp::from_micros(self.number("x", "expiry time")?),
+            owner: OwnerToken::from_u128(owner),
+            fence: Fence::new(meta.fence),
+            lease_until: time,
+            attempt: meta.attempt,
+            created_at: Timestamp::from_micros(meta.created),
+            completed_at,
+            expires_at: Timestamp::from_micros(meta.expires),
             result,
             failure,
         })
@@ -226,21 +287,39 @@ mod tests {
             .collect()
     }
 
-    fn completed(result_pieces: &[(&str, &[u8])]) -> Vec<Vec<u8>> {
-        let mut pairs: Vec<(&str, &[u8])> = vec![
-            ("s", b"c"),
-            ("p", &[7u8; 32]),
-            ("o", &[9u8; 16]),
-            ("n", b"1700000000000000"),
-            ("l", b"1700000030000000"),
-            ("a", b"1"),
-            ("c", b"1700000000000000"),
-            ("d", b"1700000001000000"),
-            ("x", b"1700003600000000"),
-            ("k", b"order:1"),
-        ];
+    /// A meta field as the scripts pack it.
+    fn meta(state: u8, codec: u8, attempt: u32, times: [u64; 4], owner: Option<u128>) -> Vec<u8> {
+        let mut out = vec![state, codec];
+        out.extend_from_slice(&attempt.to_be_bytes());
+        for time in times {
+            out.extend_from_slice(&time.to_be_bytes()[1..]);
+        }
+        if let Some(owner) = owner {
+            out.extend_from_slice(&owner.to_be_bytes());
+        }
+        out
+    }
+
+    /// Fence, created, lease end or completion, expiry.
+    const TIMES: [u64; 4] = [
+        1_700_000_000_000_000,
+        1_699_999_999_000_000,
+        1_700_000_001_000_000,
+        1_700_003_600_000_000,
+    ];
+
+    fn settled_meta(state: u8, codec: u8) -> Vec<u8> {
+        meta(state, codec, 2, TIMES, None)
+    }
+
+    fn completed_with(meta: &[u8], result_pieces: &[(&str, &[u8])]) -> Vec<Vec<u8>> {
+        let mut pairs: Vec<(&str, &[u8])> = vec![("m", meta), ("p", &[7u8; 32]), ("k", b"order:1")];
         pairs.extend_from_slice(result_pieces);
         fields(&pairs)
+    }
+
+    fn completed(result_pieces: &[(&str, &[u8])]) -> Vec<Vec<u8>> {
+        completed_with(&settled_meta(b'c', b'0'), result_pieces)
     }
 
     fn key() -> RecordKey {
@@ -256,28 +335,73 @@ mod tests {
         )
         .unwrap();
         assert_eq!(record.result.as_deref(), Some(&b"hello world"[..]));
-        assert_eq!(
-            record.owner,
-            OwnerToken::from_u128(u128::from_be_bytes([9; 16]))
-        );
-        assert_eq!(record.fence, Fence::new(1_700_000_000_000_000));
+        // A settled record keeps no owner and no lease.
+        assert_eq!(record.owner, OwnerToken::from_u128(0));
+        assert_eq!(record.fence, Fence::new(TIMES[0]));
+        assert_eq!(record.created_at, Timestamp::from_micros(TIMES[1]));
+        assert_eq!(record.completed_at, Some(Timestamp::from_micros(TIMES[2])));
+        assert_eq!(record.lease_until, Timestamp::from_micros(TIMES[2]));
+        assert_eq!(record.expires_at, Timestamp::from_micros(TIMES[3]));
+        assert_eq!(record.attempt, 2);
         assert_eq!(record.state, State::Completed);
         assert_eq!(record.key, key());
+
+        // In flight: the owner and the lease end are kept.
+        let held = meta(b'i', b'0', 1, TIMES, Some(0xfeed));
+        assert_eq!(held.len(), HELD_META_BYTES);
+        let record = decode_record(
+            Some(&key()),
+            &fields(&[("m", &held), ("p", &[7u8; 32]), ("k", b"order:1")]),
+            1 << 20,
+        )
+        .unwrap();
+        assert_eq!(record.state, State::InFlight);
+        assert_eq!(record.owner, OwnerToken::from_u128(0xfeed));
+        assert_eq!(record.lease_until, Timestamp::from_micros(TIMES[2]));
+        assert_eq!(record.completed_at, None);
+
+        // A scoped record names its scope.
+        let scoped = RecordKey::new(Scope::new("tenant 7").unwrap(), key().key);
+        let mut with_scope = completed(&[("0", b"x")]);
+        with_scope.extend(fields(&[("g", b"tenant 7")]));
+        assert_eq!(
+            decode_record(Some(&scoped), &with_scope, 1 << 20)
+                .unwrap()
+                .key,
+            scoped
+        );
     }
 
     #[test]
     fn garbled_fields_are_corrupt_not_panics() {
+        let held = meta(b'i', b'0', 1, TIMES, Some(1));
+        let short = settled_meta(b'c', b'0')[..20].to_vec();
+        let tombstone = settled_meta(b'-', b'0');
+        let lz4_failed = settled_meta(b'f', b'1');
+        let zero_attempt = meta(b'c', b'0', 0, TIMES, None);
         let cases: Vec<Vec<Vec<u8>>> = vec![
-            completed(&[]),                                           // completed without a result
-            completed(&[("0", b"a"), ("2", b"c")]),                   // a gap in the pieces
-            completed(&[("0", b"a"), ("z", b"9")]),                   // unknown codec
-            completed(&[("0", b"a"), ("z", b"1")]),                   // not lz4
-            completed(&[("0", b"\xff\xff\xff\x7f..."), ("z", b"1")]), // a huge claimed length
+            completed(&[]),                         // completed without a result
+            completed(&[("0", b"a"), ("2", b"c")]), // a gap in the pieces
+            completed_with(&settled_meta(b'c', b'9'), &[("0", b"a")]), // unknown codec
+            completed_with(&settled_meta(b'c', b'1'), &[("0", b"a")]), // not lz4
+            completed_with(&settled_meta(b'c', b'1'), &[("0", b"\xff\xff\xff\x7f...")]), // a huge claimed length
+            completed_with(&settled_meta(b'q', b'0'), &[("0", b"a")]), // unknown state
+            completed_with(&short, &[("0", b"a")]),                    // a short meta
+            completed_with(&tombstone, &[("0", b"a")]),                // a tombstone
+            completed_with(&held, &[("0", b"a")]),                     // in flight with a result
+            completed_with(&lz4_failed, &[("e", b"x")]),               // a codec on a failure
+            completed_with(&zero_attempt, &[("0", b"a")]),             // attempt 0
+            completed_with(&settled_meta(b'f', b'0'), &[]),            // failed without a failure
+            completed(&[("0", b"a"), ("0", b"b")]),                    // a piece twice
             completed(&[("0", b"a"), ("99999999999999999999999", b"x")]),
             completed(&[("0", b"a"), ("e", b"\xff")]), // a message that is not UTF-8
+            completed(&[("0", b"a"), ("s", b"c")]),    // a field of the old format
+            completed(&[("0", b"a"), ("k", b"again")]), // a field twice
+            fields(&[("m", &held), ("k", b"order:1")]), // no fingerprint
+            fields(&[("m", &held), ("p", &[7u8; 31]), ("k", b"order:1")]),
+            fields(&[("m", &held), ("p", &[7u8; 32])]), // no key
             fields(&[("s", b"c")]),
-            fields(&[("s", b"q")]),
-            vec![b"s".to_vec()],
+            vec![b"m".to_vec()],
             vec![],
         ];
         for (i, case) in cases.iter().enumerate() {
@@ -287,11 +411,21 @@ mod tests {
                 "case {i}: {err:?}"
             );
         }
-        let mut bad_number = completed(&[("0", b"a")]);
-        bad_number[7] = b"+17".to_vec(); // the fence
-        assert!(decode_record(Some(&key()), &bad_number, 1 << 20).is_err());
         let other = RecordKey::unscoped(IdempotencyKey::new("order:2").unwrap());
         assert!(decode_record(Some(&other), &completed(&[("0", b"a")]), 1 << 20).is_err());
+    }
+
+    #[test]
+    fn every_meta_length_and_byte_is_checked() {
+        // No byte string panics the meta decoder.
+        let base = meta(b'i', b'0', 1, TIMES, Some(7));
+        for len in 0..=base.len() + 1 {
+            let mut bytes = base.clone();
+            bytes.resize(len, 0xff);
+            let _ = Meta::parse(&bytes);
+        }
+        assert!(Meta::parse(&base).is_ok());
+        assert_eq!(be56(&[0, 0, 0, 0, 0, 1, 2]), 0x0102);
     }
 
     #[test]
@@ -300,11 +434,11 @@ mod tests {
         let stored = encode_result(&text, 1024);
         assert_eq!(stored.codec, LZ4);
         assert!(stored.bytes.len() < text.len() / 4);
-        let back = decode_result(stored.bytes, Some(b"1"), 1 << 20).unwrap();
+        let back = decode_result(stored.bytes.into_owned(), true, 1 << 20).unwrap();
         assert_eq!(&back[..], &text[..]);
 
         let short = encode_result(b"tiny", 1024);
-        assert_eq!((short.codec, &short.bytes[..]), ("", &b"tiny"[..]));
+        assert_eq!((short.codec, &short.bytes[..]), (RAW, &b"tiny"[..]));
 
         // Bytes that do not compress are stored as they are.
         let mut state = 0x9e37_79b9_7f4a_7c15_u64;
@@ -316,10 +450,10 @@ mod tests {
                 state.to_le_bytes()[3]
             })
             .collect();
-        assert_eq!(encode_result(&noise, 1024).codec, "");
+        assert_eq!(encode_result(&noise, 1024).codec, RAW);
         // A limit below the real length refuses the result.
         let stored = encode_result(&text, 1024);
-        assert!(decode_result(stored.bytes, Some(b"1"), 100).is_err());
+        assert!(decode_result(stored.bytes.into_owned(), true, 100).is_err());
     }
 
     #[test]

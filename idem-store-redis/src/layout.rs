@@ -4,19 +4,28 @@
 //! - `<namespace>` is the configured namespace (letters, digits, `_`, `-`, `.`);
 //! - `<scope>` is the record's scope, percent-escaped (every byte outside `A-Za-z0-9_.-`
 //!   becomes `%XX`), empty for no scope;
-//! - `<digest>` is the first 32 hex digits (128 bits) of [`RecordKey::digest_hex`].
+//! - `<digest>` is the first 84 bits of [`RecordKey::digest_hex`] (SHA-256 of scope and key)
+//!   in 14 characters of base64url.
 //!
 //! Raw client input never appears in a Redis key, and the hash tag (the part in braces) holds
 //! the whole record identity, so Redis Cluster keeps a record on one node and every script
 //! touches exactly one slot.
+//!
+//! Why 84 bits: Redis allocates a key of up to 30 bytes in 32 bytes and one of 31 to 44 bytes
+//! in 48, and a completed record with a 200-byte result stays under 400 bytes only with the
+//! smaller key (see the README). With 14 digest characters, `idem:{default::<digest>}` is 30
+//! bytes. Two keys of one namespace share a digest with a probability of about n^2 / 2^85 for
+//! n live records (3e-10 for a hundred million); and a shared digest is never a wrong answer:
+//! the record keeps its key and scope, and every script that reads a record for a key checks
+//! them (a collision is reported as `Corrupt`).
 
 use idem_core::RecordKey;
 
 /// The fixed prefix of every key.
 pub(crate) const PREFIX: &str = "idem:{";
 
-/// Hex digits of the key digest kept in the Redis key (128 bits).
-const DIGEST_HEX: usize = 32;
+/// Base64url characters of the key digest kept in the Redis key (84 bits).
+pub(crate) const DIGEST_CHARS: usize = 14;
 
 /// The longest result piece that keeps a hash in Redis's compact listpack encoding (the default
 /// `hash-max-listpack-value` is 64 bytes; a string of 63 bytes or less also takes a one-byte
@@ -32,15 +41,35 @@ pub(crate) const MAX_PIECES: usize = 32;
 pub(crate) fn redis_key(namespace: &str, key: &RecordKey) -> String {
     let digest = key.digest_hex();
     let scope = key.scope.as_str();
-    let mut out = String::with_capacity(PREFIX.len() + namespace.len() + scope.len() + 36);
+    let mut out =
+        String::with_capacity(PREFIX.len() + namespace.len() + 3 * scope.len() + DIGEST_CHARS + 3);
     out.push_str(PREFIX);
     out.push_str(namespace);
     out.push(':');
     escape_into(&mut out, scope.as_bytes());
     out.push(':');
-    out.push_str(digest.get(..DIGEST_HEX).unwrap_or(&digest));
+    base64url_into(&mut out, digest.as_bytes());
     out.push('}');
     out
+}
+
+/// Appends the first [`DIGEST_CHARS`] base64url characters of the bits that the hex digits
+/// `hex` spell (three hex digits, 12 bits, are two characters).
+fn base64url_into(out: &mut String, hex: &[u8]) {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let nibble = |c: u8| match c {
+        b'0'..=b'9' => c - b'0',
+        b'a'..=b'f' => c - b'a' + 10,
+        b'A'..=b'F' => c - b'A' + 10,
+        _ => 0,
+    };
+    for triple in hex.chunks_exact(3).take(DIGEST_CHARS / 2) {
+        let bits = (u16::from(nibble(triple[0])) << 8)
+            | (u16::from(nibble(triple[1])) << 4)
+            | u16::from(nibble(triple[2]));
+        out.push(char::from(ALPHABET[usize::from(bits >> 6)]));
+        out.push(char::from(ALPHABET[usize::from(bits & 0x3f)]));
+    }
 }
 
 /// The `SCAN ... MATCH` pattern of every record of `namespace`. Namespaces hold no glob
@@ -70,6 +99,12 @@ fn escape_into(out: &mut String, bytes: &[u8]) {
         }
     }
 }
+
+/// The field names of the result's pieces.
+pub(crate) const PIECE_NAMES: [&str; MAX_PIECES] = [
+    "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
+    "17", "18", "19", "20", "21", "22", "23", "24", "25", "26", "27", "28", "29", "30", "31",
+];
 
 /// Cuts a stored result into the hash fields `0`, `1`, ...: pieces of [`PIECE_BYTES`] while
 /// that takes at most [`MAX_PIECES`], else one piece. An empty result is one empty piece.
@@ -106,8 +141,42 @@ mod tests {
         assert!(!k.contains("pay"), "{k}");
         assert_eq!(
             k.len(),
-            "idem:{prod:".len() + "tenant%20%7Ba%7D%3A%2A".len() + 1 + 32 + 1
+            "idem:{prod:".len() + "tenant%20%7Ba%7D%3A%2A".len() + 1 + DIGEST_CHARS + 1
         );
+    }
+
+    #[test]
+    fn the_digest_is_84_bits_of_base64url() {
+        let k = key("", "order:1");
+        let hex = k.digest_hex();
+        let redis_key = redis_key("default", &k);
+        // The key of the default namespace fits Redis's 32-byte key allocation (30 bytes).
+        assert_eq!(redis_key.len(), 30, "{redis_key}");
+        // The README's example.
+        assert_eq!(
+            super::redis_key("default", &key("", "order:7:ship")),
+            "idem:{default::2zb0V4JOGWMkuP}"
+        );
+        let digest = &redis_key["idem:{default::".len()..redis_key.len() - 1];
+        assert_eq!(digest.len(), DIGEST_CHARS);
+        // Decoded back, the characters are the first 21 hex digits of the digest.
+        let mut bits = String::new();
+        for c in digest.bytes() {
+            let value = match c {
+                b'A'..=b'Z' => c - b'A',
+                b'a'..=b'z' => c - b'a' + 26,
+                b'0'..=b'9' => c - b'0' + 52,
+                b'-' => 62,
+                b'_' => 63,
+                _ => panic!("not base64url: {digest}"),
+            };
+            bits.push_str(&format!("{value:06b}"));
+        }
+        let from_hex: String = hex[..21]
+            .chars()
+            .map(|c| format!("{:04b}", c.to_digit(16).unwrap()))
+            .collect();
+        assert_eq!(bits, from_hex);
     }
 
     #[test]
@@ -137,6 +206,12 @@ mod tests {
 
     #[test]
     fn results_are_cut_into_small_pieces_up_to_a_limit() {
+        assert!(
+            PIECE_NAMES
+                .iter()
+                .enumerate()
+                .all(|(i, name)| *name == i.to_string())
+        );
         assert_eq!(pieces(b""), vec![&b""[..]]);
         let small = vec![7u8; 200];
         let cut = pieces(&small);

@@ -29,26 +29,31 @@
 //!
 //! # Layout
 //! One HASH per record at `idem:{<namespace>:<scope>:<digest>}`: the scope percent-escaped,
-//! the key as 128 bits of its SHA-256 (raw client input is never part of a Redis key). The
-//! braces are a Cluster hash tag around the whole identity: a record lives on one node, and
-//! every script touches one slot (no `CROSSSLOT`). The fields are one or two letters (`s`
-//! state, `p` fingerprint, `o` owner, `n` fence, `l` lease end, `a` attempt, `c`/`d`/`x`
-//! created, completed and expiry times in microseconds, `k`/`g` the key and scope as given,
-//! `e` a failure message, `z` the result's codec); the result is cut into pieces of at most
-//! 63 bytes (fields `0`, `1`, ...) while it is at most 2 KiB, so a small record keeps Redis's
-//! compact listpack encoding. Results over the compression threshold (1 KiB by default) are
-//! lz4-compressed when that makes them smaller, and flagged in `z`.
+//! the key as 84 bits of its SHA-256 in 14 base64url characters (raw client input is never part
+//! of a Redis key). The braces are a Cluster hash tag around the whole identity: a record lives
+//! on one node, and every script touches one slot (no `CROSSSLOT`). The fields are one letter
+//! each: `m` the meta (state, result codec, attempt, fence, and created, lease-end or
+//! completion, and expiry times in microseconds, packed big-endian in 34 bytes; an in-flight
+//! record appends its 16-byte owner token), `p` the fingerprint (32 bytes), `k`/`g` the key and
+//! scope as given, `e` a failure message; the result is cut into pieces of at most 63 bytes
+//! (fields `0`, `1`, ...) while it is at most 2 KiB, so a small record keeps Redis's compact
+//! listpack encoding. A settled record keeps neither its owner nor its lease: its
+//! [`Record::owner`](idem_core::Record::owner) reads as the nil token (0) and its `lease_until`
+//! as its completion time. Results over the compression threshold (1 KiB by default) are
+//! lz4-compressed when that makes them smaller, and flagged in the meta.
 //!
 //! # Scripts and time
 //! Claim, heartbeat, complete, fail and release are one `EVALSHA` each (the scripts are loaded
 //! at connect and reloaded on `NOSCRIPT`); `get` and `delete` are scripts too, so they judge
-//! expiry on the server's clock. Every script reads the time with `TIME` on the server, never
-//! from the client, and implements exactly the transitions of [`idem_core::machine`]: a
-//! fingerprint mismatch first, a lapsed lease taken over with a higher fence, the owner and
-//! fence checked on every holder's step, a re-sent complete answered `Ok`, a retryable failure
-//! freeing the key, a permanent one kept. Every script is safe to re-send (the Cluster client
-//! retries after a dropped connection): the same owner and fence get the same answer, and a
-//! re-sent claim whose first copy was applied gets the same grant back.
+//! expiry on the server's clock. Inside Redis a claim or a completion runs four commands
+//! (`TIME`, one read, one `HSET`, one `PEXPIRE`). Every script reads the time with `TIME` on
+//! the server, never from the client, and implements exactly the transitions of
+//! [`idem_core::machine`]: a fingerprint mismatch first, a lapsed lease taken over with a higher
+//! fence, the owner and fence checked on every holder's step (on a settled record, which keeps
+//! no owner, its fence: every grant of a key has its own), a re-sent complete answered `Ok`, a
+//! retryable failure freeing the key, a permanent one kept. Every script is safe to re-send
+//! (the Cluster client retries after a dropped connection): the same owner and fence get the
+//! same answer, and a re-sent claim whose first copy was applied gets the same grant back.
 //!
 //! Fences are `max(previous + 1, server time in microseconds)`. A key whose record is released,
 //! failed with a retryable failure, deleted or expired keeps a tombstone with its last fence for

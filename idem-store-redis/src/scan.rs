@@ -174,10 +174,10 @@ async fn read_records(
     let offset = store.offset_arg();
     for key in keys {
         pipe.cmd("EVALSHA")
-            .arg(SCRIPTS.get.get_hash())
+            .arg(SCRIPTS.get.hash())
             .arg(1)
             .arg(key)
-            .arg(&offset);
+            .arg(offset);
     }
     let values = store
         .bounded("scan", conn.pipeline_on(node, pipe, keys.len() + 1))
@@ -214,7 +214,7 @@ async fn read_records(
             };
             match reply.tag() {
                 b"record" => {
-                    let now = idem_core::Timestamp::from_micros(reply.number(1)?);
+                    let now = idem_core::Timestamp::from_micros(reply.packed(1)?);
                     let fields = reply.parts.get(2..).ok_or_else(|| reply.unexpected())?;
                     let record = decode_record(None, fields, store.max_result()).map_err(
                         |err| match err {

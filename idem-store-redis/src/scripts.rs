@@ -1,9 +1,12 @@
 //! The Lua scripts, one per operation, and the shapes of their answers.
 //!
-//! Each script is the shared prelude (`lua/prelude.lua`: decoding, validation, the owner and
-//! fence check) followed by the operation. Every script touches exactly one key, reads the time
-//! from the server (`TIME`), and answers a flat array of strings whose first element names the
-//! answer. Every script is safe to re-send: the same owner and fence get the same answer.
+//! Each script is the shared prelude (`lua/prelude.lua`: the time, the meta field's layout)
+//! followed by the operation; the holder's steps also take `lua/holder.lua` (the owner and
+//! fence check), and the steps that free a key `lua/bury.lua` (the tombstone). A script holds
+//! only the helpers it uses: Redis builds every closure of a script again on every call. Every script touches exactly one key, reads the time from the server (`TIME`),
+//! and answers a flat array of strings whose first element names the answer; numbers are
+//! packed big-endian (7 bytes), never formatted as text inside Redis. Every script is safe to
+//! re-send: the same owner and fence get the same answer.
 
 use std::sync::LazyLock;
 
@@ -11,42 +14,61 @@ use idem_core::{Fence, Rejection, State, StoreError};
 use redis::Script;
 
 macro_rules! script_source {
-    ($file:literal) => {
-        concat!(include_str!("lua/prelude.lua"), include_str!($file))
+    ($($file:literal),+) => {
+        concat!(include_str!("lua/prelude.lua"), $(include_str!($file)),+)
     };
 }
 
 /// The source of the `get` script (scans send it with `SCRIPT LOAD` in their pipelines).
 pub(crate) const GET_SOURCE: &str = script_source!("lua/get.lua");
 
+/// A script: its source (sent with `SCRIPT LOAD` after a `NOSCRIPT`) and its SHA-1.
+pub(crate) struct Lua {
+    pub(crate) source: &'static str,
+    pub(crate) script: Script,
+}
+
+impl Lua {
+    fn new(source: &'static str) -> Lua {
+        Lua {
+            source,
+            script: Script::new(source),
+        }
+    }
+
+    /// The script's SHA-1, for `EVALSHA`.
+    pub(crate) fn hash(&self) -> &str {
+        self.script.get_hash()
+    }
+}
+
 /// Every script, hashed once.
 pub(crate) struct Scripts {
-    pub(crate) claim: Script,
-    pub(crate) heartbeat: Script,
-    pub(crate) complete: Script,
-    pub(crate) fail: Script,
-    pub(crate) release: Script,
-    pub(crate) get: Script,
-    pub(crate) delete: Script,
+    pub(crate) claim: Lua,
+    pub(crate) heartbeat: Lua,
+    pub(crate) complete: Lua,
+    pub(crate) fail: Lua,
+    pub(crate) release: Lua,
+    pub(crate) get: Lua,
+    pub(crate) delete: Lua,
 }
 
 impl Scripts {
     /// The sources of every script, to load them ahead of use.
     pub(crate) const SOURCES: [&'static str; 7] = [
         script_source!("lua/claim.lua"),
-        script_source!("lua/heartbeat.lua"),
-        script_source!("lua/complete.lua"),
-        script_source!("lua/fail.lua"),
-        script_source!("lua/release.lua"),
+        script_source!("lua/holder.lua", "lua/heartbeat.lua"),
+        script_source!("lua/holder.lua", "lua/complete.lua"),
+        script_source!("lua/bury.lua", "lua/holder.lua", "lua/fail.lua"),
+        script_source!("lua/bury.lua", "lua/holder.lua", "lua/release.lua"),
         GET_SOURCE,
-        script_source!("lua/delete.lua"),
+        script_source!("lua/bury.lua", "lua/delete.lua"),
     ];
 }
 
 /// The scripts of every store in the process.
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
-    let [claim, heartbeat, complete, fail, release, get, delete] =
-        Scripts::SOURCES.map(Script::new);
+    let [claim, heartbeat, complete, fail, release, get, delete] = Scripts::SOURCES.map(Lua::new);
     Scripts {
         claim,
         heartbeat,
@@ -76,6 +98,23 @@ impl Reply {
         self.parts
             .get(index)
             .and_then(|part| std::str::from_utf8(part).ok())
+            .ok_or_else(|| self.unexpected())
+    }
+
+    /// The part at `index` as a packed number (7 bytes, big-endian).
+    pub(crate) fn packed(&self, index: usize) -> Result<u64, StoreError> {
+        self.parts
+            .get(index)
+            .filter(|part| part.len() == 7)
+            .map(|part| crate::codec::be56(part))
+            .ok_or_else(|| self.unexpected())
+    }
+
+    /// The part at `index` as a record's meta field.
+    pub(crate) fn meta(&self, index: usize) -> Result<crate::codec::Meta, StoreError> {
+        self.parts
+            .get(index)
+            .and_then(|part| crate::codec::Meta::parse(part).ok())
             .ok_or_else(|| self.unexpected())
     }
 
@@ -116,7 +155,7 @@ impl Reply {
         Ok(match self.text(1)? {
             "not_found" => Rejection::NotFound,
             "superseded" => Rejection::Superseded {
-                current: Fence::new(self.number(2)?),
+                current: Fence::new(self.packed(2)?),
             },
             "lease_expired" => Rejection::LeaseExpired,
             "settled" => Rejection::AlreadySettled {
@@ -148,7 +187,7 @@ mod tests {
             &SCRIPTS.delete,
         ]
         .iter()
-        .map(|s| s.get_hash())
+        .map(|s| s.hash())
         .collect();
         assert_eq!(hashes.len(), 7);
     }
@@ -160,7 +199,7 @@ mod tests {
             parts: parts.iter().map(|p| p.as_bytes().to_vec()).collect(),
         };
         let key = idem_core::RecordKey::unscoped(idem_core::IdempotencyKey::new("k").unwrap());
-        let err = reply(&["rejected", "superseded", "42"])
+        let err = reply(&["rejected", "superseded", "\0\0\0\0\0\0\x2a"])
             .settle(&key)
             .unwrap_err();
         assert_eq!(
@@ -187,7 +226,7 @@ mod tests {
             Err(StoreError::Backend { .. })
         ));
         assert!(
-            reply(&["rejected", "superseded", "x"])
+            reply(&["rejected", "superseded", "42"])
                 .settle(&key)
                 .is_err()
         );

@@ -11,13 +11,13 @@ use idem_core::{
     Bytes, ClaimOutcome, ClaimRequest, Failure, Fence, Lease, OwnerToken, Record, RecordKey,
     ScanPage, ScanQuery, State, Store, StoreError, Timestamp, duration_micros,
 };
-use redis::{RedisError, Script};
+use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind};
 
 use crate::codec::{decode_record, encode_result};
 use crate::config::RedisConfig;
 use crate::conn::{Conn, describe, store_error};
 use crate::layout;
-use crate::scripts::{Reply, SCRIPTS, Scripts};
+use crate::scripts::{Lua, Reply, SCRIPTS, Scripts};
 
 /// The longest duration a script is given, in microseconds (about 31 years): every sum of
 /// times stays below 2^53, where Lua's numbers are still exact.
@@ -106,35 +106,50 @@ impl RedisStore {
         }
     }
 
-    /// Runs `script` on the record at `key` with `args` after the clock offset (`ARGV[1]`).
+    /// Runs the script `lua` on the record at `key`: `EVALSHA` with the clock offset as `ARGV[1]`,
+    /// then the arguments `args` adds; after a `NOSCRIPT` (a restarted server), loads the
+    /// script and sends it again.
     async fn eval(
         &self,
         op: &'static str,
-        script: &Script,
+        lua: &Lua,
         key: &RecordKey,
-        args: &[&[u8]],
+        args: impl FnOnce(&mut Cmd),
     ) -> Result<Reply, StoreError> {
-        let mut invocation = script.prepare_invoke();
-        invocation.key(self.redis_key(key)).arg(self.offset_arg());
-        for arg in args {
-            invocation.arg(*arg);
-        }
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(lua.hash())
+            .arg(1)
+            .arg(self.redis_key(key))
+            .arg(self.offset_arg());
+        args(&mut cmd);
         let mut conn = self.inner.conn.clone();
         let parts = self
-            .bounded(op, invocation.invoke_async::<Vec<Vec<u8>>>(&mut conn))
+            .bounded(op, async move {
+                match cmd.query_async(&mut conn).await {
+                    Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                        redis::cmd("SCRIPT")
+                            .arg("LOAD")
+                            .arg(lua.source)
+                            .query_async::<redis::Value>(&mut conn)
+                            .await?;
+                        cmd.query_async(&mut conn).await
+                    }
+                    other => other,
+                }
+            })
             .await?;
         Ok(Reply { op, parts })
     }
 
-    pub(crate) fn offset_arg(&self) -> String {
-        self.inner.config.clock_offset.micros().to_string()
+    /// The clock offset in microseconds (`ARGV[1]` of every script).
+    pub(crate) fn offset_arg(&self) -> i64 {
+        self.inner.config.clock_offset.micros()
     }
 
-    fn memory_arg(&self) -> String {
+    /// The fence memory in milliseconds.
+    fn memory_arg(&self) -> u64 {
         let millis = self.inner.config.fence_memory.as_millis();
-        millis
-            .min(u128::from(MAX_DURATION_MICROS / 1000))
-            .to_string()
+        u64::try_from(millis.min(u128::from(MAX_DURATION_MICROS / 1000))).unwrap_or(u64::MAX)
     }
 
     fn strict_arg(&self) -> &'static [u8] {
@@ -156,19 +171,14 @@ impl RedisStore {
         owner: OwnerToken,
     ) -> Result<ClaimOutcome, StoreError> {
         let reply = self
-            .eval(
-                "claim",
-                &SCRIPTS.claim,
-                &request.key,
-                &[
-                    request.fingerprint.as_bytes(),
-                    &owner_arg(owner),
-                    micros_arg(request.lease).as_bytes(),
-                    self.memory_arg().as_bytes(),
-                    request.key.key.as_str().as_bytes(),
-                    request.key.scope.as_str().as_bytes(),
-                ],
-            )
+            .eval("claim", &SCRIPTS.claim, &request.key, |cmd| {
+                cmd.arg(request.fingerprint.as_bytes())
+                    .arg(&owner_arg(owner)[..])
+                    .arg(micros_arg(request.lease))
+                    .arg(self.memory_arg())
+                    .arg(request.key.key.as_str())
+                    .arg(request.key.scope.as_str());
+            })
             .await?;
         self.claimed(request, owner, &reply)
     }
@@ -181,23 +191,26 @@ impl RedisStore {
     ) -> Result<ClaimOutcome, StoreError> {
         match reply.tag() {
             b"acquired" => {
-                let attempt = u32::try_from(reply.number(3)?).map_err(|_| reply.unexpected())?;
+                let meta = reply.meta(1)?;
+                if meta.state != State::InFlight || meta.owner != Some(owner.as_u128()) {
+                    return Err(reply.unexpected());
+                }
                 Ok(ClaimOutcome::Acquired {
                     lease: Lease {
                         key: request.key.clone(),
                         owner,
-                        fence: Fence::new(reply.number(1)?),
-                        until: Timestamp::from_micros(reply.number(2)?),
-                        attempt,
+                        fence: Fence::new(meta.fence),
+                        until: Timestamp::from_micros(meta.time),
+                        attempt: meta.attempt,
                     },
-                    taken_over: reply.text(4)? == "1",
+                    taken_over: reply.text(2)? == "1",
                 })
             }
             b"in_flight" => Ok(ClaimOutcome::InFlight {
-                retry_after: Duration::from_micros(reply.number(1)?),
+                retry_after: Duration::from_micros(reply.packed(1)?),
             }),
             b"completed" | b"failed" => {
-                let fields = reply.parts.get(2..).ok_or_else(|| reply.unexpected())?;
+                let fields = reply.parts.get(1..).ok_or_else(|| reply.unexpected())?;
                 let record = decode_record(Some(&request.key), fields, self.max_result())?;
                 match record.state {
                     State::Completed => Ok(ClaimOutcome::Completed(record)),
@@ -213,8 +226,8 @@ impl RedisStore {
 }
 
 /// A duration for a script, in whole microseconds, clamped to about 31 years.
-fn micros_arg(d: Duration) -> String {
-    duration_micros(d).min(MAX_DURATION_MICROS).to_string()
+fn micros_arg(d: Duration) -> u64 {
+    duration_micros(d).min(MAX_DURATION_MICROS)
 }
 
 fn owner_arg(owner: OwnerToken) -> [u8; 16] {
@@ -229,25 +242,24 @@ impl Store for RedisStore {
 
     async fn heartbeat(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
         let reply = self
-            .eval(
-                "heartbeat",
-                &SCRIPTS.heartbeat,
-                &lease.key,
-                &[
-                    &owner_arg(lease.owner),
-                    lease.fence.get().to_string().as_bytes(),
-                    micros_arg(extend).as_bytes(),
-                    self.strict_arg(),
-                    self.memory_arg().as_bytes(),
-                ],
-            )
+            .eval("heartbeat", &SCRIPTS.heartbeat, &lease.key, |cmd| {
+                cmd.arg(&owner_arg(lease.owner)[..])
+                    .arg(lease.fence.get())
+                    .arg(micros_arg(extend))
+                    .arg(self.strict_arg())
+                    .arg(self.memory_arg());
+            })
             .await?;
-        let until = Reply {
+        let extended = Reply {
             op: "heartbeat",
             parts: reply.settle(&lease.key)?,
         };
+        let meta = extended.meta(0)?;
+        if meta.fence != lease.fence.get() {
+            return Err(extended.unexpected());
+        }
         Ok(Lease {
-            until: Timestamp::from_micros(until.number(0)?),
+            until: Timestamp::from_micros(meta.time),
             ..lease.clone()
         })
     }
@@ -265,23 +277,23 @@ impl Store for RedisStore {
             });
         }
         let stored = encode_result(&result, self.inner.config.compression_threshold);
-        let fence = lease.fence.get().to_string();
-        let retention = micros_arg(retention);
-        let memory = self.memory_arg();
-        let owner = owner_arg(lease.owner);
-        let mut args: Vec<&[u8]> = vec![
-            &owner,
-            fence.as_bytes(),
-            retention.as_bytes(),
-            self.strict_arg(),
-            memory.as_bytes(),
-            stored.codec.as_bytes(),
-        ];
-        args.extend(layout::pieces(&stored.bytes));
-        self.eval("complete", &SCRIPTS.complete, &lease.key, &args)
-            .await?
-            .settle(&lease.key)
-            .map(drop)
+        self.eval("complete", &SCRIPTS.complete, &lease.key, |cmd| {
+            cmd.arg(&owner_arg(lease.owner)[..])
+                .arg(lease.fence.get())
+                .arg(micros_arg(retention))
+                .arg(self.strict_arg())
+                .arg(self.memory_arg())
+                .arg(stored.codec);
+            for (name, piece) in layout::PIECE_NAMES
+                .iter()
+                .zip(layout::pieces(&stored.bytes))
+            {
+                cmd.arg(*name).arg(piece);
+            }
+        })
+        .await?
+        .settle(&lease.key)
+        .map(drop)
     }
 
     async fn fail(
@@ -291,43 +303,33 @@ impl Store for RedisStore {
         retention: Duration,
     ) -> Result<(), StoreError> {
         let retryable: &[u8] = if failure.retryable { b"1" } else { b"0" };
-        self.eval(
-            "fail",
-            &SCRIPTS.fail,
-            &lease.key,
-            &[
-                &owner_arg(lease.owner),
-                lease.fence.get().to_string().as_bytes(),
-                micros_arg(retention).as_bytes(),
-                self.strict_arg(),
-                self.memory_arg().as_bytes(),
-                retryable,
-                failure.message.as_bytes(),
-            ],
-        )
+        self.eval("fail", &SCRIPTS.fail, &lease.key, |cmd| {
+            cmd.arg(&owner_arg(lease.owner)[..])
+                .arg(lease.fence.get())
+                .arg(micros_arg(retention))
+                .arg(self.strict_arg())
+                .arg(self.memory_arg())
+                .arg(retryable)
+                .arg(failure.message.as_bytes());
+        })
         .await?
         .settle(&lease.key)
         .map(drop)
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.eval(
-            "release",
-            &SCRIPTS.release,
-            &lease.key,
-            &[
-                &owner_arg(lease.owner),
-                lease.fence.get().to_string().as_bytes(),
-                self.memory_arg().as_bytes(),
-            ],
-        )
+        self.eval("release", &SCRIPTS.release, &lease.key, |cmd| {
+            cmd.arg(&owner_arg(lease.owner)[..])
+                .arg(lease.fence.get())
+                .arg(self.memory_arg());
+        })
         .await?
         .settle(&lease.key)
         .map(drop)
     }
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
-        let reply = self.eval("get", &SCRIPTS.get, key, &[]).await?;
+        let reply = self.eval("get", &SCRIPTS.get, key, |_| {}).await?;
         match reply.tag() {
             b"record" => {
                 let fields = reply.parts.get(2..).ok_or_else(|| reply.unexpected())?;
@@ -341,12 +343,9 @@ impl Store for RedisStore {
 
     async fn delete(&self, key: &RecordKey) -> Result<bool, StoreError> {
         let reply = self
-            .eval(
-                "delete",
-                &SCRIPTS.delete,
-                key,
-                &[self.memory_arg().as_bytes()],
-            )
+            .eval("delete", &SCRIPTS.delete, key, |cmd| {
+                cmd.arg(self.memory_arg());
+            })
             .await?;
         match (reply.tag(), reply.number(1)?) {
             (b"deleted", 0) => Ok(false),

@@ -87,7 +87,9 @@ async fn every_transition_is_one_command() {
         .get_connection()
         .unwrap();
     // Commands a script runs inside the server (counted by Redis too, but no round trip).
-    let inside = ["time", "hgetall", "hset", "del", "pexpire"];
+    let inside = [
+        "time", "hgetall", "hget", "hset", "del", "pexpire", "exists",
+    ];
     let mut report = Vec::new();
     let mut check = |op: &str, delta: BTreeMap<String, u64>| {
         assert_eq!(delta.get("evalsha"), Some(&1), "{op}: {delta:?}");
@@ -284,40 +286,69 @@ async fn recover(store: &RedisStore, when: &str) {
     }
 }
 
-/// `MEMORY USAGE` of a completed record with a 200-byte result.
+/// `MEMORY USAGE` of a completed record with a 200-byte result: under 400 bytes, with a
+/// namespace as long as the default one (`default`, 7 bytes), no scope and a short key.
+///
+/// Redis counts 40 bytes for the key's entry and object, plus the key's allocation and the
+/// hash's listpack allocation, both rounded up to jemalloc's size classes (..., 32, 48, 64, ...
+/// 256, 320, 384 bytes): the key must stay within 30 bytes (32 allocated) and the listpack
+/// within 320.
 #[tokio::test]
 async fn a_completed_record_with_a_200_byte_result_is_small() {
     let Some(h) = single_harness().await else {
         return;
     };
-    let k = key("memory");
-    let lease = acquire(&h.store, &k).await;
     // 200 bytes that do not compress.
     let result: Vec<u8> = (0..200u32).map(|i| (i * 97 + 13) as u8).collect();
-    h.store
-        .complete(&lease, Bytes::from(result), RETENTION)
-        .await
-        .unwrap();
+    let short = format!("m{:06x}", rand::random::<u32>() & 0x00ff_ffff);
+    let short_store = connect(&common::single_url(), |c| c.with_namespace(short).unwrap()).await;
+    let mut figures = Vec::new();
+    for (store, what) in [
+        (&short_store, "a 7-byte namespace"),
+        (&h.store, "the tests' 17-byte namespace"),
+    ] {
+        let k = key("memory");
+        let lease = acquire(store, &k).await;
+        let redis_key = store.redis_key(&k);
+        let in_flight = memory_usage(&h, &redis_key).await;
+        store
+            .complete(&lease, Bytes::from(result.clone()), RETENTION)
+            .await
+            .unwrap();
+        let bytes = memory_usage(&h, &redis_key).await;
+        let encoding = h
+            .raw(redis::cmd("OBJECT").arg("ENCODING").arg(&redis_key))
+            .await;
+        assert_eq!(encoding, redis::Value::BulkString(b"listpack".to_vec()));
+        let record = store.get(&k).await.unwrap().unwrap();
+        assert_eq!(record.result.as_deref(), Some(&result[..]));
+        // A settled record keeps no owner and no lease.
+        assert_eq!(record.owner.as_u128(), 0);
+        assert_eq!(Some(record.lease_until), record.completed_at);
+        assert_eq!(record.fence, lease.fence);
+        eprintln!(
+            "MEMORY USAGE with {what} (key {} bytes): in flight {in_flight} bytes, completed \
+             with a 200-byte result {bytes} bytes",
+            redis_key.len()
+        );
+        figures.push((redis_key.len(), bytes));
+        h.raw(redis::cmd("DEL").arg(&redis_key)).await;
+    }
+    let (key_len, bytes) = figures[0];
+    assert_eq!(key_len, 30, "idem:{{<7 bytes>::<14 digest characters>}}");
+    assert!(bytes < 400, "{bytes} bytes");
+    // A longer key costs one size class more (48 bytes instead of 32), no more.
+    assert!(figures[1].1 <= bytes + 16, "{figures:?}");
+}
+
+async fn memory_usage(h: &common::RedisHarness, redis_key: &str) -> i64 {
     let usage = h
-        .raw(redis::cmd("MEMORY").arg("USAGE").arg(h.store.redis_key(&k)))
+        .raw(redis::cmd("MEMORY").arg("USAGE").arg(redis_key))
         .await;
     let redis::Value::Int(bytes) = usage else {
         panic!("MEMORY USAGE answered {usage:?}")
     };
-    let encoding = h
-        .raw(
-            redis::cmd("OBJECT")
-                .arg("ENCODING")
-                .arg(h.store.redis_key(&k)),
-        )
-        .await;
-    eprintln!(
-        "MEMORY USAGE of a completed record with a 200-byte result: {bytes} bytes \
-         (key {} bytes, encoding {encoding:?})",
-        h.store.redis_key(&k).len()
-    );
-    assert_eq!(encoding, redis::Value::BulkString(b"listpack".to_vec()));
-    assert!(bytes < 512, "{bytes} bytes");
+    bytes
 }
 
 /// The big hammer on the single server: 32 tasks x 2,000 keys, exactly 2,000 executions.
@@ -329,8 +360,9 @@ async fn hammer_32_tasks_2000_keys() {
     common::big_hammer(&h, "a single server").await;
 }
 
-/// A key holding something that is not a record hash (another type, missing fields, a
-/// garbled number) is `Corrupt` for every operation, and `delete` clears it.
+/// A key holding something that is not a record hash (another type, a hash without the meta
+/// field, a record of the earlier format, a garbled meta, a meta with a zero fence) is
+/// `Corrupt` for every operation, and `delete` clears it.
 #[tokio::test]
 async fn foreign_values_are_corrupt_and_deletable() {
     let Some(h) = single_harness().await else {
@@ -338,7 +370,13 @@ async fn foreign_values_are_corrupt_and_deletable() {
     };
     let k = key("foreign");
     let redis_key = h.store.redis_key(&k);
-    for case in ["another type", "missing fields", "garbled fence"] {
+    for case in [
+        "another type",
+        "missing fields",
+        "earlier format",
+        "garbled meta",
+        "zero fence",
+    ] {
         let lease = acquire(&h.store, &k).await;
         match case {
             "another type" => {
@@ -351,8 +389,52 @@ async fn foreign_values_are_corrupt_and_deletable() {
                 h.raw(redis::cmd("HSET").arg(&redis_key).arg("s").arg("c"))
                     .await;
             }
+            "earlier format" => {
+                // A completed record as 0.x wrote it before the meta field.
+                h.raw(redis::cmd("DEL").arg(&redis_key)).await;
+                h.raw(redis::cmd("HSET").arg(&redis_key).arg(&[
+                    "s",
+                    "c",
+                    "p",
+                    &"p".repeat(32),
+                    "o",
+                    &"o".repeat(16),
+                    "n",
+                    "1700000000000000",
+                    "l",
+                    "1700000030000000",
+                    "a",
+                    "1",
+                    "c",
+                    "1700000000000000",
+                    "d",
+                    "1700000001000000",
+                    "x",
+                    "9700003600000000",
+                    "k",
+                    "foreign",
+                    "0",
+                    "result",
+                ]))
+                .await;
+            }
+            "garbled meta" => {
+                h.raw(
+                    redis::cmd("HSET")
+                        .arg(&redis_key)
+                        .arg("m")
+                        .arg("\x00garbage"),
+                )
+                .await;
+            }
             _ => {
-                h.raw(redis::cmd("HSET").arg(&redis_key).arg("n").arg("1e99"))
+                // The right length and state, but fence 0.
+                let mut meta = b"i0".to_vec();
+                meta.extend_from_slice(&1u32.to_be_bytes());
+                meta.extend_from_slice(&[0; 7]);
+                meta.extend_from_slice(&[0x7f; 21]);
+                meta.extend_from_slice(&lease.owner.as_u128().to_be_bytes());
+                h.raw(redis::cmd("HSET").arg(&redis_key).arg("m").arg(meta))
                     .await;
             }
         }
@@ -404,6 +486,53 @@ async fn keys_are_digests_inside_one_hash_tag() {
     assert!(matches!(ttl, redis::Value::Int(ms) if ms > 0), "{ttl:?}");
 }
 
+/// Two keys that share a digest (made here by copying one record under the other's Redis key)
+/// never answer each other's record: claim, `get` and `scan` report `Corrupt`, and the holder
+/// of the real record is not disturbed.
+#[tokio::test]
+async fn a_shared_digest_is_corrupt_not_a_wrong_answer() {
+    let Some(h) = single_harness().await else {
+        return;
+    };
+    let (a, b) = (key("digest-a"), key("digest-b"));
+    let lease = acquire(&h.store, &a).await;
+    h.store
+        .complete(&lease, Bytes::from_static(b"a's result"), RETENTION)
+        .await
+        .unwrap();
+    let copied = h
+        .raw(
+            redis::cmd("COPY")
+                .arg(h.store.redis_key(&a))
+                .arg(h.store.redis_key(&b)),
+        )
+        .await;
+    assert_eq!(copied, redis::Value::Int(1));
+    let is_corrupt = |r: Option<StoreError>| matches!(r, Some(StoreError::Corrupt { .. }));
+    assert!(is_corrupt(h.store.claim(&request(&b)).await.err()));
+    assert!(is_corrupt(h.store.get(&b).await.err()));
+    assert!(is_corrupt(h.store.scan(&ScanQuery::all()).await.err()));
+    // The same for a record in flight.
+    let held = acquire(&h.store, &key("digest-c")).await;
+    h.raw(
+        redis::cmd("COPY")
+            .arg(h.store.redis_key(&held.key))
+            .arg(h.store.redis_key(&b))
+            .arg("REPLACE"),
+    )
+    .await;
+    assert!(is_corrupt(h.store.claim(&request(&b)).await.err()));
+    assert!(is_corrupt(h.store.get(&b).await.err()));
+    h.store.heartbeat(&held, LEASE).await.unwrap();
+    assert!(h.store.delete(&b).await.unwrap());
+    match h.store.claim(&request(&a)).await.unwrap() {
+        ClaimOutcome::Completed(record) => {
+            assert_eq!(record.result.as_deref(), Some(&b"a's result"[..]));
+        }
+        other => panic!("expected a's record, got {other:?}"),
+    }
+}
+
 /// Results over the threshold are stored lz4-compressed (flagged in the hash) and read back
 /// byte for byte; results that do not shrink are stored as they are.
 #[tokio::test]
@@ -419,8 +548,13 @@ async fn large_results_are_compressed() {
         .await
         .unwrap();
     let redis_key = h.store.redis_key(&k);
-    let codec = h.raw(redis::cmd("HGET").arg(&redis_key).arg("z")).await;
-    assert_eq!(codec, redis::Value::BulkString(b"1".to_vec()));
+    // The meta's second byte is the result's codec.
+    let codec = |meta: redis::Value| match meta {
+        redis::Value::BulkString(meta) => meta.get(1).copied(),
+        _ => None,
+    };
+    let meta = h.raw(redis::cmd("HGET").arg(&redis_key).arg("m")).await;
+    assert_eq!(codec(meta), Some(b'1'));
     let stored = h.raw(redis::cmd("HSTRLEN").arg(&redis_key).arg("0")).await;
     let redis::Value::Int(stored) = stored else {
         panic!("{stored:?}")
@@ -437,10 +571,10 @@ async fn large_results_are_compressed() {
         .complete(&lease, Bytes::from_static(b"short"), RETENTION)
         .await
         .unwrap();
-    let codec = h
-        .raw(redis::cmd("HEXISTS").arg(h.store.redis_key(&k)).arg("z"))
+    let meta = h
+        .raw(redis::cmd("HGET").arg(h.store.redis_key(&k)).arg("m"))
         .await;
-    assert_eq!(codec, redis::Value::Int(0));
+    assert_eq!(codec(meta), Some(b'0'));
 }
 
 /// A result over the configured limit is refused with `TooLarge`, and the claim stays held.

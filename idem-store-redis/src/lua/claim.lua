@@ -1,47 +1,72 @@
 -- claim. ARGV: 1 offset, 2 fingerprint, 3 owner, 4 lease (us), 5 fence memory (ms), 6 key,
 -- 7 scope.
--- Answers: {'acquired', fence, lease_until, attempt, taken_over 0|1} | {'in_flight', micros}
--- | {'completed', now, fields...} | {'failed', now, fields...} | {'mismatch'}
--- | {'corrupt', reason}.
-local now = now_micros()
-local rec, raw, bad = load()
-if bad then
-  return { 'corrupt', bad }
+-- Answers: {'acquired', meta, taken_over 0|1} | {'in_flight', micros} | {'completed', fields...}
+-- | {'failed', fields...} | {'mismatch'} | {'corrupt', reason}.
+local raw = redis.pcall('HGETALL', key)
+if raw.err then
+  return { 'corrupt', 'the key does not hold a hash' }
 end
-local live = nil
-if rec and not rec.tomb and now < rec.x then
-  live = rec
-end
-if live then
-  if live.k ~= ARGV[6] or live.g ~= ARGV[7] then
-    return { 'corrupt', 'the hash holds the record of another key' }
-  end
-  -- Mismatch is checked first: it wins over every state.
-  if live.p ~= ARGV[2] then
-    return { 'mismatch' }
-  end
-  if live.s == 'c' then
-    return with_record('completed', now, raw)
-  end
-  if live.s == 'f' then
-    return with_record('failed', now, raw)
-  end
-  if now < live.l then
-    -- The same owner token means this very claim was sent twice (a lost reply): same answer.
-    if live.o == ARGV[3] then
-      local again = '0'
-      if live.a > 1 then
-        again = '1'
-      end
-      return { 'acquired', live.nraw, fmt(live.l), fmt(live.a), again }
+local prev = 0
+local live = false
+local s, z, a, n, c, t, x
+if #raw > 0 then
+  local m, p, k, g
+  for i = 1, #raw, 2 do
+    local f = raw[i]
+    if f == 'm' then
+      m = raw[i + 1]
+    elseif f == 'p' then
+      p = raw[i + 1]
+    elseif f == 'k' then
+      k = raw[i + 1]
+    elseif f == 'g' then
+      g = raw[i + 1]
     end
-    return { 'in_flight', fmt(live.l - now) }
   end
+  if not m then
+    return { 'corrupt', 'the hash has no meta field' }
+  end
+  s, z, a, n, c, t, x = unmeta(m)
+  if not s then
+    return { 'corrupt', 'the meta field is garbled' }
+  end
+  prev = n
+  if s ~= '-' and now < x then
+    if not p or #p ~= 32 or not k then
+      return { 'corrupt', 'the fingerprint or the key is missing' }
+    end
+    if k ~= ARGV[6] or (g or '') ~= ARGV[7] then
+      return { 'corrupt', 'the hash holds the record of another key' }
+    end
+    -- Mismatch is checked first: it wins over every state.
+    if p ~= ARGV[2] then
+      return { 'mismatch' }
+    end
+    if s == 'c' then
+      return { 'completed', unpack(raw) }
+    end
+    if s == 'f' then
+      return { 'failed', unpack(raw) }
+    end
+    if now < t then
+      -- The same owner token means this very claim was sent twice (a lost reply): same answer.
+      if string.sub(m, 35) == ARGV[3] then
+        if a > 1 then
+          return { 'acquired', m, '1' }
+        end
+        return { 'acquired', m, '0' }
+      end
+      return { 'in_flight', struct.pack('>I7', t - now) }
+    end
+    live = true
+  end
+  -- Replaced whole: no field of the old record stays behind.
+  redis.call('DEL', key)
 end
 -- Absent, expired, or in flight with a lapsed lease: grant. A dead record's fence still counts.
 local fence = now
-if rec and rec.n + 1 > fence then
-  fence = rec.n + 1
+if prev >= fence then
+  fence = prev + 1
 end
 local lease = tonumber(ARGV[4])
 local lease_until = now + lease
@@ -50,19 +75,18 @@ local attempt = 1
 local created = now
 local taken_over = '0'
 if live then
-  attempt = math.min(live.a + 1, 4294967295)
-  created = live.c
+  attempt = a + 1
+  if attempt > 4294967295 then
+    attempt = 4294967295
+  end
+  created = c
   taken_over = '1'
 end
-if rec then
-  redis.call('DEL', key)
+local m = struct.pack(HELD, 'i', '0', attempt, fence, created, lease_until, expires, ARGV[3])
+if ARGV[7] == '' then
+  redis.call('HSET', key, 'm', m, 'p', ARGV[2], 'k', ARGV[6])
+else
+  redis.call('HSET', key, 'm', m, 'p', ARGV[2], 'k', ARGV[6], 'g', ARGV[7])
 end
-local fields = { 's', 'i', 'p', ARGV[2], 'o', ARGV[3], 'n', fmt(fence), 'l', fmt(lease_until),
-  'a', fmt(attempt), 'c', fmt(created), 'x', fmt(expires), 'k', ARGV[6] }
-if ARGV[7] ~= '' then
-  fields[#fields + 1] = 'g'
-  fields[#fields + 1] = ARGV[7]
-end
-redis.call('HSET', key, unpack(fields))
-redis.call('PEXPIRE', key, ttl_ms(expires, now, tonumber(ARGV[5])))
-return { 'acquired', fmt(fence), fmt(lease_until), fmt(attempt), taken_over }
+redis.call('PEXPIRE', key, ttl_ms(expires, tonumber(ARGV[5])))
+return { 'acquired', m, taken_over }

@@ -1,34 +1,32 @@
 -- fail. ARGV: 1 offset, 2 owner, 3 fence, 4 retention (us), 5 strict 0|1, 6 fence memory (ms),
 -- 7 retryable 0|1, 8 message.
 -- Answers: {'ok'} | {'rejected', kind, detail} | {'corrupt', reason}.
-local now = now_micros()
-local live, answer = holder_record(now)
-if answer then
-  return answer
-end
 local retryable = ARGV[7] == '1'
-if not live then
+if answer == 'none' then
   -- Gone: a re-sent retryable fail already freed the key.
   if retryable then
     return { 'ok' }
   end
   return { 'rejected', 'not_found' }
 end
-if live.s == 'f' and not retryable then
+if answer then
+  return answer
+end
+if s == 'f' and not retryable then
   return { 'ok' }
 end
-if live.s ~= 'i' then
-  return { 'rejected', 'settled', live.s }
+if s ~= 'i' then
+  return { 'rejected', 'settled', s }
 end
-if ARGV[5] == '1' and now >= live.l then
+if ARGV[5] == '1' and now >= t then
   return { 'rejected', 'lease_expired' }
 end
 local memory_ms = tonumber(ARGV[6])
 if retryable then
-  bury(live.nraw, memory_ms)
+  bury(n, memory_ms)
   return { 'ok' }
 end
 local expires = now + tonumber(ARGV[4])
-redis.call('HSET', key, 's', 'f', 'd', fmt(now), 'x', fmt(expires), 'e', ARGV[8])
-redis.call('PEXPIRE', key, ttl_ms(expires, now, memory_ms))
+redis.call('HSET', key, 'm', struct.pack(META, 'f', '0', a, n, c, now, expires), 'e', ARGV[8])
+redis.call('PEXPIRE', key, ttl_ms(expires, memory_ms))
 return { 'ok' }

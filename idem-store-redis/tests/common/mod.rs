@@ -92,11 +92,11 @@ impl Harness for RedisHarness {
     }
 
     async fn corrupt(&self, key: &RecordKey) {
-        // A state no version of the store writes.
+        // A meta field no version of the store writes.
         self.raw(
             redis::cmd("HSET")
                 .arg(self.store.redis_key(key))
-                .arg("s")
+                .arg("m")
                 .arg("?"),
         )
         .await;
