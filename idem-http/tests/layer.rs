@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use axum::Router;
 use axum::body::Body;
 use axum::response::Response;
@@ -21,12 +20,10 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem_core::{
-    ClaimOutcome, ClaimRequest, Failure, Lease, Record, RecordKey, ScanPage, ScanQuery, Scope,
-    Store, StoreError,
-};
+use idem_core::{ClaimOutcome, ClaimRequest, Record, RecordKey, Scope, Store};
 use idem_http::{Config, ConfigBuilder, IdempotencyLayer, Outcome, Rejection, StoreFailure};
 use idem_store_memory::MemoryStore;
+use idem_testkit::faulty::FaultyStore;
 use tower::util::MapResponseLayer;
 
 /// A served app whose handlers count their executions.
@@ -148,42 +145,11 @@ impl App {
 }
 
 /// A store that is down.
-#[derive(Debug)]
-struct DownStore;
-
-fn down() -> StoreError {
-    StoreError::unavailable(std::io::Error::new(
-        std::io::ErrorKind::ConnectionRefused,
-        "connection refused",
-    ))
-}
-
-#[async_trait]
-impl Store for DownStore {
-    async fn claim(&self, _: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        Err(down())
-    }
-    async fn heartbeat(&self, _: &Lease, _: Duration) -> Result<Lease, StoreError> {
-        Err(down())
-    }
-    async fn complete(&self, _: &Lease, _: Bytes, _: Duration) -> Result<(), StoreError> {
-        Err(down())
-    }
-    async fn fail(&self, _: &Lease, _: Failure, _: Duration) -> Result<(), StoreError> {
-        Err(down())
-    }
-    async fn release(&self, _: &Lease) -> Result<(), StoreError> {
-        Err(down())
-    }
-    async fn get(&self, _: &RecordKey) -> Result<Option<Record>, StoreError> {
-        Err(down())
-    }
-    async fn delete(&self, _: &RecordKey) -> Result<bool, StoreError> {
-        Err(down())
-    }
-    async fn scan(&self, _: &ScanQuery) -> Result<ScanPage, StoreError> {
-        Err(down())
-    }
+/// A store that cannot be reached at the claim.
+fn down_store() -> FaultyStore<MemoryStore> {
+    let store = FaultyStore::new(MemoryStore::new());
+    store.faults.claim_down.store(true, Ordering::SeqCst);
+    store
 }
 
 #[tokio::test]
@@ -209,7 +175,7 @@ async fn an_optional_key_lets_keyless_requests_through() {
 
 #[tokio::test]
 async fn a_store_that_is_down_is_503_and_the_handler_does_not_run() {
-    let app = App::counting(DownStore, Config::builder()).await;
+    let app = App::counting(down_store(), Config::builder()).await;
     let answer = app.post(Some("k"), "").await;
     assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(answer.header("retry-after"), Some("1"));
@@ -221,66 +187,13 @@ async fn a_store_that_is_down_is_503_and_the_handler_does_not_run() {
     assert_eq!(app.count(), 0);
 }
 
-/// A MemoryStore whose `complete` fails as if the server were down, the first `failures`
-/// times it is called.
-#[derive(Debug)]
-struct CompleteFailsAtFirst {
-    inner: MemoryStore,
-    failures: AtomicU64,
-}
-
-#[async_trait]
-impl Store for CompleteFailsAtFirst {
-    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.inner.claim(request).await
-    }
-    async fn heartbeat(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
-        self.inner.heartbeat(lease, extend).await
-    }
-    async fn complete(
-        &self,
-        lease: &Lease,
-        result: Bytes,
-        keep: Duration,
-    ) -> Result<(), StoreError> {
-        let left = self.failures.load(Ordering::SeqCst);
-        if left > 0 {
-            self.failures.store(left - 1, Ordering::SeqCst);
-            return Err(down());
-        }
-        self.inner.complete(lease, result, keep).await
-    }
-    async fn fail(
-        &self,
-        lease: &Lease,
-        failure: Failure,
-        keep: Duration,
-    ) -> Result<(), StoreError> {
-        self.inner.fail(lease, failure, keep).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.inner.release(lease).await
-    }
-    async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
-        self.inner.get(key).await
-    }
-    async fn delete(&self, key: &RecordKey) -> Result<bool, StoreError> {
-        self.inner.delete(key).await
-    }
-    async fn scan(&self, query: &ScanQuery) -> Result<ScanPage, StoreError> {
-        self.inner.scan(query).await
-    }
-}
-
 /// A store that fails while the response is stored (a short outage after the handler ran)
 /// does not leave the record in flight: the layer answers the client, keeps trying within the
 /// lease, and a retry is then a replay, not a second execution.
 #[tokio::test]
 async fn a_completion_the_store_failed_is_retried_so_a_retry_is_a_replay() {
-    let store = CompleteFailsAtFirst {
-        inner: MemoryStore::new(),
-        failures: AtomicU64::new(3),
-    };
+    let store = FaultyStore::new(MemoryStore::new());
+    store.faults.complete_failures.store(3, Ordering::SeqCst);
     let app = App::counting(store, Config::builder()).await;
     let first = app.post(Some("k"), "").await;
     assert_eq!(first.status, StatusCode::OK);
@@ -303,7 +216,7 @@ async fn a_completion_the_store_failed_is_retried_so_a_retry_is_a_replay() {
 #[tokio::test]
 async fn fail_open_runs_the_handler_and_marks_the_response() {
     let config = Config::builder().store_failure(StoreFailure::FailOpen);
-    let app = App::counting(DownStore, config).await;
+    let app = App::counting(down_store(), config).await;
     let answer = app.post(Some("k"), "").await;
     assert_eq!(answer.status, StatusCode::OK);
     assert_eq!(answer.header("idempotency-status"), Some("unrecorded"));

@@ -15,6 +15,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod conformance;
+pub mod faulty;
 pub mod hammer;
 pub mod model;
 pub mod probe;

@@ -22,7 +22,7 @@ fn fp(text: &str) -> Fingerprint {
 }
 
 /// A memory store on a manual clock behind fault switches.
-fn faulty() -> (Arc<FaultyStore>, Arc<Faults>, ManualClock) {
+fn faulty() -> (Arc<FaultyStore<MemoryStore>>, Arc<Faults>, ManualClock) {
     let (store, clock) = manual_store();
     let faults = Arc::new(Faults::default());
     let store = Arc::new(FaultyStore {

@@ -1,0 +1,139 @@
+//! [`FaultyStore`]: a store that wraps another and makes chosen operations fail, for the tests
+//! of what sits on top of a store (the HTTP layer, the job guard): a store that is down at the
+//! claim, answers `Corrupt`, loses its connection while a response is stored, or stops taking
+//! heartbeats.
+//!
+//! ```
+//! use std::sync::atomic::Ordering;
+//! use idem_testkit::faulty::FaultyStore;
+//! # #[derive(Debug)] struct AnyStore;
+//! # let inner = AnyStore;
+//! let store = FaultyStore::new(inner);
+//! store.faults.complete_failures.store(3, Ordering::SeqCst); // the next three completes fail
+//! ```
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::{
+    Bytes, ClaimOutcome, ClaimRequest, Failure, Lease, Record, RecordKey, ScanPage, ScanQuery,
+    Store, StoreError,
+};
+
+/// The switches of a [`FaultyStore`], shared with the test that flips them, and what it
+/// counted.
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// `claim` answers `Unavailable`.
+    pub claim_down: AtomicBool,
+    /// `claim` answers `Corrupt`.
+    pub claim_corrupt: AtomicBool,
+    /// `complete` answers `Unavailable`.
+    pub complete_down: AtomicBool,
+    /// The next this many calls of `complete` answer `Unavailable`.
+    pub complete_failures: AtomicU32,
+    /// `heartbeat` answers `Unavailable`.
+    pub heartbeat_down: AtomicBool,
+    /// How many heartbeats were asked for.
+    pub heartbeats: AtomicU32,
+    /// How many releases were asked for.
+    pub releases: AtomicU32,
+}
+
+/// Wraps `S`; every operation goes to it unless a switch of [`Faults`] makes it fail.
+#[derive(Debug)]
+pub struct FaultyStore<S> {
+    /// The store that answers when no fault is on.
+    pub inner: S,
+    /// The switches.
+    pub faults: Arc<Faults>,
+}
+
+impl<S> FaultyStore<S> {
+    /// `inner`, with every fault off.
+    pub fn new(inner: S) -> Self {
+        FaultyStore {
+            inner,
+            faults: Arc::default(),
+        }
+    }
+}
+
+/// The error of a switched-off operation: the store cannot be reached.
+#[must_use]
+pub fn down() -> StoreError {
+    StoreError::unavailable(std::io::Error::new(
+        std::io::ErrorKind::ConnectionRefused,
+        "switched off by the test",
+    ))
+}
+
+/// Takes one from `counter` if it is above zero; whether it did.
+fn take_one(counter: &AtomicU32) -> bool {
+    counter
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+}
+
+#[async_trait]
+impl<S: Store> Store for FaultyStore<S> {
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        if self.faults.claim_down.load(Ordering::SeqCst) {
+            return Err(down());
+        }
+        if self.faults.claim_corrupt.load(Ordering::SeqCst) {
+            return Err(StoreError::corrupt(&request.key, "planted by the test"));
+        }
+        self.inner.claim(request).await
+    }
+
+    async fn heartbeat(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
+        self.faults.heartbeats.fetch_add(1, Ordering::SeqCst);
+        if self.faults.heartbeat_down.load(Ordering::SeqCst) {
+            return Err(down());
+        }
+        self.inner.heartbeat(lease, extend).await
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        result: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        if self.faults.complete_down.load(Ordering::SeqCst)
+            || take_one(&self.faults.complete_failures)
+        {
+            return Err(down());
+        }
+        self.inner.complete(lease, result, retention).await
+    }
+
+    async fn fail(
+        &self,
+        lease: &Lease,
+        failure: Failure,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.fail(lease, failure, retention).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.faults.releases.fetch_add(1, Ordering::SeqCst);
+        self.inner.release(lease).await
+    }
+
+    async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
+        self.inner.get(key).await
+    }
+
+    async fn delete(&self, key: &RecordKey) -> Result<bool, StoreError> {
+        self.inner.delete(key).await
+    }
+
+    async fn scan(&self, query: &ScanQuery) -> Result<ScanPage, StoreError> {
+        self.inner.scan(query).await
+    }
+}
