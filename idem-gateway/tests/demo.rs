@@ -8,25 +8,14 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Http, Proc, idem_bin};
+use common::{Http, Proc, drain, idem_command};
 use http::Method;
 
 /// Starts `idem demo` and reads the gateway's and the upstream's addresses from its output.
 fn start_demo() -> (Proc, SocketAddr, SocketAddr) {
-    let mut command = Command::new(idem_bin());
-    command
-        .arg("demo")
-        .stdout(Stdio::piped())
-        .env("RUST_LOG", "warn");
-    for (name, _) in std::env::vars() {
-        if name.starts_with("IDEM_") {
-            command.env_remove(name);
-        }
-    }
-    let mut child = command.spawn().unwrap();
+    let mut child = idem_command("demo").spawn().unwrap();
     let mut reader = BufReader::new(child.stdout.take().unwrap());
     let (mut gateway, mut upstream) = (None, None);
     let mut line = String::new();
@@ -44,13 +33,7 @@ fn start_demo() -> (Proc, SocketAddr, SocketAddr) {
         upstream = upstream.or_else(|| address_after("a payments API at http://"));
         gateway = gateway.or_else(|| address_after("the idem gateway at http://"));
     }
-    // Keep draining stdout so the demo never blocks on a full pipe.
-    std::thread::spawn(move || {
-        let mut sink = String::new();
-        while reader.read_line(&mut sink).is_ok_and(|n| n > 0) {
-            sink.clear();
-        }
-    });
+    drain(reader);
     (Proc { child }, gateway.unwrap(), upstream.unwrap())
 }
 

@@ -13,7 +13,7 @@
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -102,14 +102,19 @@ fn read_until(child: &mut Child, prefix: &str) -> String {
             found = Some(rest.trim().to_owned());
         }
     }
-    // Keep draining stdout so the child never blocks on a full pipe.
+    drain(reader);
+    found.unwrap()
+}
+
+/// Keeps reading a child's stdout on a thread of its own, so the child never blocks on a full
+/// pipe.
+pub fn drain(mut reader: BufReader<ChildStdout>) {
     std::thread::spawn(move || {
         let mut sink = String::new();
         while reader.read_line(&mut sink).is_ok_and(|n| n > 0) {
             sink.clear();
         }
     });
-    found.unwrap()
 }
 
 /// The idem-fixture upstream without the layer, counting its executions.
@@ -319,12 +324,12 @@ where
     }
 }
 
-/// An `idem serve` process: `args` after `serve`; waits for its "listening on" line.
-pub fn spawn_gateway(args: &[&str]) -> (Proc, SocketAddr) {
+/// The `idem` binary running `subcommand`, stdout piped, logging warnings only, and without
+/// the `IDEM_*` variables of the environment the tests run in.
+pub fn idem_command(subcommand: &str) -> Command {
     let mut command = Command::new(idem_bin());
     command
-        .arg("serve")
-        .args(args)
+        .arg(subcommand)
         .stdout(Stdio::piped())
         .env("RUST_LOG", "warn");
     for (name, _) in std::env::vars() {
@@ -332,7 +337,12 @@ pub fn spawn_gateway(args: &[&str]) -> (Proc, SocketAddr) {
             command.env_remove(name);
         }
     }
-    let mut child = command.spawn().unwrap();
+    command
+}
+
+/// An `idem serve` process: `args` after `serve`; waits for its "listening on" line.
+pub fn spawn_gateway(args: &[&str]) -> (Proc, SocketAddr) {
+    let mut child = idem_command("serve").args(args).spawn().unwrap();
     let addr = read_until(&mut child, "listening on").parse().unwrap();
     (Proc { child }, addr)
 }
