@@ -1,5 +1,6 @@
 //! The test kit of idem: the store conformance suite, the concurrency hammer, the model-based
-//! property test and the service probes. Every store crate runs the same suite from its own
+//! property test, the service probes, and a store with switchable faults ([`faulty`]) for the
+//! tests of what sits on top of a store. Every store crate runs the same suite from its own
 //! `tests/`:
 //!
 //! ```ignore
