@@ -667,17 +667,6 @@ impl Claim {
             )
             .await;
         }
-        if matches!(&result, Err(error) if error.is_retryable()) {
-            if let Err(error) = &result {
-                tracing::warn!(
-                    idempotency_key = %log_key(config, &self.lease.key),
-                    fence = self.lease.fence.get(),
-                    error = %error,
-                    "storing the response failed; retrying until the lease ends"
-                );
-            }
-            return Some(encoded);
-        }
         match result {
             Ok(()) => tracing::debug!(
                 idempotency_key = %log_key(config, &self.lease.key),
@@ -687,6 +676,15 @@ impl Claim {
                 state_after = "completed",
                 "idempotency record completed"
             ),
+            Err(error) if error.is_retryable() => {
+                tracing::warn!(
+                    idempotency_key = %log_key(config, &self.lease.key),
+                    fence = self.lease.fence.get(),
+                    error = %error,
+                    "storing the response failed; retrying until the lease ends"
+                );
+                return Some(encoded);
+            }
             Err(error) => tracing::warn!(
                 idempotency_key = %log_key(config, &self.lease.key),
                 fence = self.lease.fence.get(),
