@@ -13,7 +13,10 @@ const MIN_SWEEP_INTERVAL: usize = 64;
 
 #[derive(Debug, Default)]
 pub(crate) struct Shard {
-    records: HashMap<HashedKey, Record, PassThroughState>,
+    /// Boxed: a slot of the map stays small (key and pointer), so inserting into a large, cold
+    /// map and growing it move a few bytes, and a completion rewrites the record where the claim
+    /// just wrote it (in cache) instead of in the map's slot.
+    records: HashMap<HashedKey, Box<Record>, PassThroughState>,
     writes_since_sweep: usize,
 }
 
@@ -40,11 +43,11 @@ pub(crate) enum Applied<T> {
 
 impl Shard {
     pub(crate) fn get(&self, key: &HashedKey) -> Option<&Record> {
-        self.records.get(key)
+        self.records.get(key).map(|record| &**record)
     }
 
     pub(crate) fn records(&self) -> impl Iterator<Item = &Record> {
-        self.records.values()
+        self.records.values().map(|record| &**record)
     }
 
     /// Runs one transition on `key`: `decide` sees the record (or `None`), and its write is
@@ -58,12 +61,12 @@ impl Shard {
     ) -> Result<Applied<T>, StoreError> {
         let (answer, delta, written_fence) = match self.records.entry(key.clone()) {
             Entry::Occupied(mut slot) => {
-                let step = decide(Some(slot.get()))?;
+                let step = decide(Some(&**slot.get()))?;
                 match step.write {
                     Write::Nothing => (step.answer, Delta::Same, None),
                     Write::Put(record) => {
                         let fence = record.fence;
-                        *slot.get_mut() = record;
+                        **slot.get_mut() = record;
                         (step.answer, Delta::Same, Some(fence))
                     }
                     Write::Remove => {
@@ -80,7 +83,7 @@ impl Shard {
                             return Ok(Applied::Full);
                         }
                         let fence = record.fence;
-                        slot.insert(record);
+                        slot.insert(Box::new(record));
                         (step.answer, Delta::Added, Some(fence))
                     }
                     Write::Nothing | Write::Remove => (step.answer, Delta::Same, None),
@@ -97,7 +100,7 @@ impl Shard {
 
     /// Stores `record` as it is; whether it added a record.
     pub(crate) fn put(&mut self, key: HashedKey, record: Record) -> bool {
-        self.records.insert(key, record).is_none()
+        self.records.insert(key, Box::new(record)).is_none()
     }
 
     /// Removes `key`; whether it was there.
