@@ -1,6 +1,8 @@
 //! The [`Store`] contract: one atomic round trip per transition.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -238,51 +240,101 @@ pub trait Store: Send + Sync + fmt::Debug {
     }
 }
 
-#[async_trait]
+/// The future every [`Store`] method returns (what `#[async_trait]` makes of an `async fn`).
+type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// Forwards to the shared store. Written without `#[async_trait]`: each call returns the inner
+/// store's future as it is, instead of boxing a second future around it (an `Arc<dyn Store>`
+/// is how the layer, the guard and the gateway hold their store, so every operation goes
+/// through here).
 impl<S: Store + ?Sized> Store for Arc<S> {
-    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        (**self).claim(request).await
+    fn claim<'s, 'r, 'f>(&'s self, request: &'r ClaimRequest) -> StoreFuture<'f, ClaimOutcome>
+    where
+        's: 'f,
+        'r: 'f,
+        Self: 'f,
+    {
+        (**self).claim(request)
     }
 
-    async fn heartbeat(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
-        (**self).heartbeat(lease, extend).await
+    fn heartbeat<'s, 'l, 'f>(&'s self, lease: &'l Lease, extend: Duration) -> StoreFuture<'f, Lease>
+    where
+        's: 'f,
+        'l: 'f,
+        Self: 'f,
+    {
+        (**self).heartbeat(lease, extend)
     }
 
-    async fn complete(
-        &self,
-        lease: &Lease,
+    fn complete<'s, 'l, 'f>(
+        &'s self,
+        lease: &'l Lease,
         result: Bytes,
         retention: Duration,
-    ) -> Result<(), StoreError> {
-        (**self).complete(lease, result, retention).await
+    ) -> StoreFuture<'f, ()>
+    where
+        's: 'f,
+        'l: 'f,
+        Self: 'f,
+    {
+        (**self).complete(lease, result, retention)
     }
 
-    async fn fail(
-        &self,
-        lease: &Lease,
+    fn fail<'s, 'l, 'f>(
+        &'s self,
+        lease: &'l Lease,
         failure: Failure,
         retention: Duration,
-    ) -> Result<(), StoreError> {
-        (**self).fail(lease, failure, retention).await
+    ) -> StoreFuture<'f, ()>
+    where
+        's: 'f,
+        'l: 'f,
+        Self: 'f,
+    {
+        (**self).fail(lease, failure, retention)
     }
 
-    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        (**self).release(lease).await
+    fn release<'s, 'l, 'f>(&'s self, lease: &'l Lease) -> StoreFuture<'f, ()>
+    where
+        's: 'f,
+        'l: 'f,
+        Self: 'f,
+    {
+        (**self).release(lease)
     }
 
-    async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
-        (**self).get(key).await
+    fn get<'s, 'k, 'f>(&'s self, key: &'k RecordKey) -> StoreFuture<'f, Option<Record>>
+    where
+        's: 'f,
+        'k: 'f,
+        Self: 'f,
+    {
+        (**self).get(key)
     }
 
-    async fn delete(&self, key: &RecordKey) -> Result<bool, StoreError> {
-        (**self).delete(key).await
+    fn delete<'s, 'k, 'f>(&'s self, key: &'k RecordKey) -> StoreFuture<'f, bool>
+    where
+        's: 'f,
+        'k: 'f,
+        Self: 'f,
+    {
+        (**self).delete(key)
     }
 
-    async fn scan(&self, query: &ScanQuery) -> Result<ScanPage, StoreError> {
-        (**self).scan(query).await
+    fn scan<'s, 'q, 'f>(&'s self, query: &'q ScanQuery) -> StoreFuture<'f, ScanPage>
+    where
+        's: 'f,
+        'q: 'f,
+        Self: 'f,
+    {
+        (**self).scan(query)
     }
 
-    async fn ping(&self) -> Result<(), StoreError> {
-        (**self).ping().await
+    fn ping<'s, 'f>(&'s self) -> StoreFuture<'f, ()>
+    where
+        's: 'f,
+        Self: 'f,
+    {
+        (**self).ping()
     }
 }
