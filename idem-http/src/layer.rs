@@ -7,12 +7,26 @@ use idem_core::Store;
 use tower_layer::Layer;
 
 use crate::config::Config;
+use crate::metrics::StoreMetrics;
 use crate::service::Idempotency;
 
 /// The settings and the store, shared by every clone of the service.
 pub(crate) struct Shared {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) config: Config,
+    /// The keys of the store metrics, made once for the configured store label.
+    pub(crate) store_metrics: StoreMetrics,
+}
+
+impl Shared {
+    pub(crate) fn new(store: Arc<dyn Store>, config: Config) -> Self {
+        let store_metrics = StoreMetrics::new(config.store_label);
+        Shared {
+            store,
+            config,
+            store_metrics,
+        }
+    }
 }
 
 /// A [`Layer`] that gives the requests of a service the Idempotency-Key semantics: the first
@@ -51,7 +65,7 @@ impl IdempotencyLayer {
     #[must_use]
     pub fn from_arc(store: Arc<dyn Store>, config: Config) -> Self {
         IdempotencyLayer {
-            shared: Arc::new(Shared { store, config }),
+            shared: Arc::new(Shared::new(store, config)),
         }
     }
 

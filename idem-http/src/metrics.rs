@@ -23,6 +23,7 @@ pub use idem_core::metrics::{
     CLAIMS_ACQUIRED, COLLISIONS, FAILURES, LEASE_LOSSES, MISMATCHES, REPLAYS, STORE_ERRORS,
     STORE_SECONDS, TAKEOVERS,
 };
+use metrics::{Key, Label, Level, Metadata};
 
 use crate::outcome::Outcome;
 
@@ -31,31 +32,153 @@ pub const REQUESTS: &str = "idem_http_requests_total";
 /// Responses stored without their body (over the storage cap).
 pub const OMITTED: &str = "idem_responses_omitted_total";
 
-pub(crate) fn request(outcome: Outcome) {
-    metrics::counter!(REQUESTS, "outcome" => outcome.as_str()).increment(1);
+/// What the layer's metrics say of themselves to the recorder (as `metrics::counter!` would).
+static METADATA: Metadata<'static> =
+    Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+/// A metric key built at compile time: using it allocates nothing and hashes nothing (the
+/// `metrics` macros build and hash a key on every call when its name is a constant or a label
+/// is not a literal).
+macro_rules! key {
+    ($name:expr) => {{
+        static KEY: ::metrics::Key = ::metrics::Key::from_static_name($name);
+        &KEY
+    }};
+    ($name:expr, $label:literal => $value:literal) => {{
+        static LABELS: [::metrics::Label; 1] =
+            [::metrics::Label::from_static_parts($label, $value)];
+        static KEY: ::metrics::Key = ::metrics::Key::from_static_parts($name, &LABELS);
+        &KEY
+    }};
+}
+pub(crate) use key;
+
+/// Adds one to the counter `key`.
+pub(crate) fn increment(key: &Key) {
+    metrics::with_recorder(|recorder| recorder.register_counter(key, &METADATA)).increment(1);
 }
 
-pub(crate) fn count(name: &'static str) {
-    metrics::counter!(name).increment(1);
+/// The key of the request counter for `outcome`.
+fn request_key(outcome: Outcome) -> &'static Key {
+    match outcome {
+        Outcome::Executed => key!(REQUESTS, "outcome" => "executed"),
+        Outcome::Replayed => key!(REQUESTS, "outcome" => "replayed"),
+        Outcome::Conflict => key!(REQUESTS, "outcome" => "conflict"),
+        Outcome::Mismatch => key!(REQUESTS, "outcome" => "mismatch"),
+        Outcome::Rejected => key!(REQUESTS, "outcome" => "rejected"),
+        Outcome::Bypassed => key!(REQUESTS, "outcome" => "bypassed"),
+        Outcome::StoreError => key!(REQUESTS, "outcome" => "store_error"),
+    }
+}
+
+pub(crate) fn request(outcome: Outcome) {
+    increment(request_key(outcome));
 }
 
 pub(crate) fn failure(kind: &'static str) {
     metrics::counter!(FAILURES, "kind" => kind).increment(1);
 }
 
-/// Runs one store operation, timing it and counting its errors.
-pub(crate) async fn store_op<T>(
-    store: &'static str,
-    op: &'static str,
-    fut: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    let start = Instant::now();
-    let result = fut.await;
-    metrics::histogram!(STORE_SECONDS, "store" => store, "op" => op)
-        .record(start.elapsed().as_secs_f64());
-    if let Err(error) = &result {
-        metrics::counter!(STORE_ERRORS, "store" => store, "op" => op, "kind" => error.kind())
-            .increment(1);
+/// A store operation the layer times.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Op {
+    Claim,
+    Heartbeat,
+    Complete,
+    Release,
+}
+
+impl Op {
+    const ALL: [Op; 4] = [Op::Claim, Op::Heartbeat, Op::Complete, Op::Release];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Op::Claim => "claim",
+            Op::Heartbeat => "heartbeat",
+            Op::Complete => "complete",
+            Op::Release => "release",
+        }
     }
-    result
+}
+
+/// The store metrics of one layer, their keys made once for its store label.
+#[derive(Debug)]
+pub(crate) struct StoreMetrics {
+    store: &'static str,
+    /// The latency histogram of each [`Op`], in the order of [`Op::ALL`].
+    seconds: [Key; 4],
+}
+
+impl StoreMetrics {
+    pub(crate) fn new(store: &'static str) -> Self {
+        StoreMetrics {
+            store,
+            seconds: Op::ALL.map(|op| {
+                Key::from_parts(
+                    STORE_SECONDS,
+                    vec![Label::new("store", store), Label::new("op", op.as_str())],
+                )
+            }),
+        }
+    }
+
+    /// Runs one store operation, timing it and counting its errors.
+    pub(crate) async fn time<T>(
+        &self,
+        op: Op,
+        fut: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let start = Instant::now();
+        let result = fut.await;
+        let elapsed = start.elapsed().as_secs_f64();
+        metrics::with_recorder(|recorder| {
+            recorder.register_histogram(&self.seconds[op as usize], &METADATA)
+        })
+        .record(elapsed);
+        if let Err(error) = &result {
+            metrics::counter!(
+                STORE_ERRORS,
+                "store" => self.store,
+                "op" => op.as_str(),
+                "kind" => error.kind()
+            )
+            .increment(1);
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_outcome_counts_under_its_own_label() {
+        let outcomes = [
+            Outcome::Executed,
+            Outcome::Replayed,
+            Outcome::Conflict,
+            Outcome::Mismatch,
+            Outcome::Rejected,
+            Outcome::Bypassed,
+            Outcome::StoreError,
+        ];
+        for outcome in outcomes {
+            let key = request_key(outcome);
+            assert_eq!(key.name(), REQUESTS);
+            let labels: Vec<_> = key.labels().map(|l| (l.key(), l.value())).collect();
+            assert_eq!(labels, [("outcome", outcome.as_str())]);
+        }
+    }
+
+    #[test]
+    fn each_op_has_its_histogram() {
+        let metrics = StoreMetrics::new("memory");
+        for op in Op::ALL {
+            let key = &metrics.seconds[op as usize];
+            assert_eq!(key.name(), STORE_SECONDS);
+            let labels: Vec<_> = key.labels().map(|l| (l.key(), l.value())).collect();
+            assert_eq!(labels, [("store", "memory"), ("op", op.as_str())]);
+        }
+    }
 }

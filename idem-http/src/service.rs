@@ -28,7 +28,7 @@ use crate::fingerprint::request_fingerprint;
 use crate::future::ResponseFuture;
 use crate::header::parse_header;
 use crate::layer::Shared;
-use crate::metrics;
+use crate::metrics::{self, Op};
 use crate::outcome::Outcome;
 use crate::rejection::{Rejection, retry_after_secs};
 
@@ -73,13 +73,7 @@ impl<S: fmt::Debug> fmt::Debug for Idempotency<S> {
 impl<S> Idempotency<S> {
     /// Wraps `inner` with a store and settings (the layer is the usual way in).
     pub fn new(inner: S, store: impl Store + 'static, config: Config) -> Self {
-        Idempotency::from_shared(
-            inner,
-            Arc::new(Shared {
-                store: Arc::new(store),
-                config,
-            }),
-        )
+        Idempotency::from_shared(inner, Arc::new(Shared::new(Arc::new(store), config)))
     }
 
     pub(crate) fn from_shared(inner: S, shared: Arc<Shared>) -> Self {
@@ -309,8 +303,10 @@ async fn process<S, ReqBody, ResBody>(
     let deadline = config.wait.map(|wait| Instant::now() + wait);
     let mut pause = Duration::from_millis(10);
     let answer = loop {
-        let answer =
-            metrics::store_op(config.store_label, "claim", shared.store.claim(&claim)).await;
+        let answer = (shared
+            .store_metrics
+            .time(Op::Claim, shared.store.claim(&claim)))
+        .await;
         let state_before = answer.as_ref().map_or("unknown", ClaimOutcome::kind);
         tracing::debug!(
             idempotency_key = %log_key(config, &claim.key),
@@ -319,9 +315,9 @@ async fn process<S, ReqBody, ResBody>(
         );
         match answer {
             Ok(ClaimOutcome::Acquired { lease, taken_over }) => {
-                metrics::count(metrics::CLAIMS_ACQUIRED);
+                metrics::increment(metrics::key!(metrics::CLAIMS_ACQUIRED));
                 if taken_over {
-                    metrics::count(metrics::TAKEOVERS);
+                    metrics::increment(metrics::key!(metrics::TAKEOVERS));
                     tracing::info!(
                         idempotency_key = %log_key(config, &claim.key),
                         fence = lease.fence.get(),
@@ -348,16 +344,16 @@ async fn process<S, ReqBody, ResBody>(
                         continue;
                     }
                 }
-                metrics::count(metrics::COLLISIONS);
+                metrics::increment(metrics::key!(metrics::COLLISIONS));
                 break Ok(reject(&shared, Rejection::InFlight { retry_after }));
             }
             Ok(ClaimOutcome::Completed(record)) => {
-                metrics::count(metrics::REPLAYS);
+                metrics::increment(metrics::key!(metrics::REPLAYS));
                 break Ok(replay(&shared, &record));
             }
             Ok(ClaimOutcome::Failed(_)) => break Ok(reject(&shared, Rejection::FailedPermanently)),
             Ok(ClaimOutcome::Mismatch) => {
-                metrics::count(metrics::MISMATCHES);
+                metrics::increment(metrics::key!(metrics::MISMATCHES));
                 break Ok(reject(&shared, Rejection::Mismatch));
             }
             Err(error) => {
@@ -603,12 +599,9 @@ impl Claim {
         self.settle();
         metrics::failure(kind);
         let config = &self.shared.config;
-        let released = metrics::store_op(
-            config.store_label,
-            "release",
-            self.shared.store.release(&self.lease),
-        )
-        .await;
+        let released = (self.shared.store_metrics)
+            .time(Op::Release, self.shared.store.release(&self.lease))
+            .await;
         tracing::debug!(
             idempotency_key = %log_key(config, &self.lease.key),
             fence = self.lease.fence.get(),
@@ -646,26 +639,27 @@ impl Claim {
         if encoded.len() > config.storage_cap || stored.body.is_none() {
             stored.body = None;
             encoded = codec::encode(&stored);
-            metrics::count(metrics::OMITTED);
+            metrics::increment(metrics::key!(metrics::OMITTED));
         }
         let store = &self.shared.store;
-        let mut result = metrics::store_op(
-            config.store_label,
-            "complete",
-            store.complete(&self.lease, encoded.clone(), config.retention),
-        )
-        .await;
-        if matches!(result, Err(StoreError::TooLarge { .. })) && stored.body.is_some() {
-            // The store takes less than the cap: keep status and headers at least.
-            stored.body = None;
-            metrics::count(metrics::OMITTED);
-            encoded = codec::encode(&stored);
-            result = metrics::store_op(
-                config.store_label,
-                "complete",
+        let store_metrics = &self.shared.store_metrics;
+        let mut result = store_metrics
+            .time(
+                Op::Complete,
                 store.complete(&self.lease, encoded.clone(), config.retention),
             )
             .await;
+        if matches!(result, Err(StoreError::TooLarge { .. })) && stored.body.is_some() {
+            // The store takes less than the cap: keep status and headers at least.
+            stored.body = None;
+            metrics::increment(metrics::key!(metrics::OMITTED));
+            encoded = codec::encode(&stored);
+            result = store_metrics
+                .time(
+                    Op::Complete,
+                    store.complete(&self.lease, encoded.clone(), config.retention),
+                )
+                .await;
         }
         match result {
             Ok(()) => tracing::debug!(
@@ -713,7 +707,7 @@ impl Claim {
                 .shared
                 .store
                 .complete(&self.lease, encoded.clone(), config.retention);
-            match metrics::store_op(config.store_label, "complete", stored).await {
+            match self.shared.store_metrics.time(Op::Complete, stored).await {
                 Ok(()) => {
                     tracing::info!(
                         idempotency_key = %log_key(config, &self.lease.key),
@@ -758,8 +752,8 @@ impl Drop for Claim {
         );
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                let label = shared.config.store_label;
-                let _ = metrics::store_op(label, "release", shared.store.release(&lease)).await;
+                let released = shared.store.release(&lease);
+                let _ = shared.store_metrics.time(Op::Release, released).await;
             });
         }
     }
@@ -774,10 +768,10 @@ async fn heartbeat(shared: Arc<Shared>, lease: Lease) {
     loop {
         ticker.tick().await;
         let beat = shared.store.heartbeat(&lease, config.lease);
-        match metrics::store_op(config.store_label, "heartbeat", beat).await {
+        match shared.store_metrics.time(Op::Heartbeat, beat).await {
             Ok(_) => {}
             Err(StoreError::Rejected(rejection)) => {
-                metrics::count(metrics::LEASE_LOSSES);
+                metrics::increment(metrics::key!(metrics::LEASE_LOSSES));
                 tracing::warn!(
                     idempotency_key = %log_key(config, &lease.key),
                     fence = lease.fence.get(),
