@@ -28,6 +28,12 @@ fn install_metrics() -> Option<RenderMetrics> {
     Some(Arc::new(move || handle.render()))
 }
 
+/// mimalloc, not the system allocator: a proxy allocates on one worker thread what it frees on
+/// another, where glibc's per-thread arenas take a lock (bench/gateway.sh: about 8% more
+/// requests per second, and less CPU per request).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match commands::run(cli, &install_metrics) {
