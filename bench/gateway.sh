@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The idem gateway against nginx, in front of the same upstream (idem-fixture --bare), in one
 # run: the upstream direct, nginx proxy_pass (keep-alive pool), `idem serve` on the memory store
-# and on Redis. wrk -t2 -c64 for 10 s, POST /echo with a unique Idempotency-Key per request
-# (bench/http/unique-keys.lua: every request a first execution) and with one key
-# (bench/http/replay.lua: every request after the first a replay). Prints requests per second
-# and p99 latency, with their ratios to nginx, as a markdown table.
+# and on Redis, and `idem serve` with idempotency off (the proxy alone). wrk -t2 -c64 for 10 s,
+# POST /echo with a unique Idempotency-Key per request (bench/http/unique-keys.lua: every
+# request a first execution) and with one key (bench/http/replay.lua: every request after the
+# first a replay). Prints requests per second and p99 latency, with their ratios to nginx, as a
+# markdown table, then the CPU time each proxy spends per request (user + system from /proc,
+# unique keys): steadier than throughput on a machine shared with other work, and the budget
+# the ratios come down to, since wrk, the proxy and the upstream share the cores.
 #
 #   bench/gateway.sh
 #   DURATION=30s bench/gateway.sh
@@ -78,14 +81,21 @@ EOF
 "$NGINX" -c "$work/nginx.conf" -p "$work/nginx" -e "$work/nginx/error.log"
 nginx_addr="127.0.0.1:$nginx_port"
 
-# idem serve: start_idem <name> <store>; sets the address in addr_<name>.
+# idem serve: start_idem <name> <store> [more flags]; sets the address in addr_<name> and the
+# process in pid_<name>.
 start_idem() {
+    local name=$1 store=$2
+    shift 2
     RUST_LOG=warn "$idem" serve --upstream "http://$upstream" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 \
-        --store "$2" >"$work/$1.out" 2>&1 &
+        --store "$store" "$@" >"$work/$name.out" 2>&1 &
     pids+=($!)
-    printf -v "addr_$1" '%s' "$(wait_line "$work/$1.out" "listening on ")"
+    printf -v "pid_$name" '%s' "$!"
+    printf -v "addr_$name" '%s' "$(wait_line "$work/$name.out" "listening on ")"
 }
 start_idem memory memory
+# The proxy alone: every request through a route with `enabled = false`.
+printf '[idempotency]\nenabled = false\n' >"$work/plain.toml"
+start_idem plain memory --config "$work/plain.toml"
 redis=false
 if redis-cli -u "$REDIS_URL" ping >/dev/null 2>&1; then
     start_idem redis "$REDIS_URL"
@@ -100,30 +110,50 @@ to_ms() {
         printf "%.2f", n }'
 }
 
-# measure <addr> <script>: "<requests per second> <p99 ms> <non-2xx>".
+# cpu_ticks <pid>...: CPU time (user + system, in clock ticks) the processes have used so far.
+cpu_ticks() {
+    local pid sum=0
+    for pid in "$@"; do sum=$((sum + $(awk '{ print $14 + $15 }' "/proc/$pid/stat"))); done
+    echo "$sum"
+}
+hz=$(getconf CLK_TCK)
+
+# measure <addr> <script> <pid>...: "<requests per second> <p99 ms> <non-2xx> <CPU us of the
+# processes per request>".
 measure() {
-    wrk -t"$THREADS" -c"$CONNECTIONS" -d2s -s "bench/http/$2" "http://$1" >/dev/null
-    local out rps p99 errors
-    out=$(wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --latency -s "bench/http/$2" "http://$1")
+    local addr=$1 script=$2
+    shift 2
+    wrk -t"$THREADS" -c"$CONNECTIONS" -d2s -s "bench/http/$script" "http://$addr" >/dev/null
+    local out rps p99 errors before after
+    before=$(cpu_ticks "$@")
+    out=$(wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --latency -s "bench/http/$script" "http://$addr")
+    after=$(cpu_ticks "$@")
     rps=$(awk '/^Requests\/sec:/ { print $2 }' <<<"$out")
     p99=$(awk '$1 == "99%" { print $2 }' <<<"$out")
     errors=$(awk '/Non-2xx or 3xx responses:/ { print $5 }' <<<"$out")
-    echo "$rps $(to_ms "$p99") ${errors:-0}"
+    cpu=$(awk -v ticks=$((after - before)) -v hz="$hz" '/requests in/ { printf "%.1f", ticks * 1000000 / hz / $1 }' <<<"$out")
+    echo "$rps $(to_ms "$p99") ${errors:-0} $cpu"
 }
 
-declare -A rps p99 errs
-targets=(direct nginx memory)
+declare -A rps p99 errs cpu
+targets=(direct nginx plain memory)
 addr_direct=$upstream
 addr_nginx=$nginx_addr
+pid_direct=${pids[0]}
+# nginx's CPU is its workers'.
+pid_nginx=$(pgrep -d ' ' -P "$(cat "$work/nginx.pid")")
 $redis && targets+=(redis)
 for target in "${targets[@]}"; do
     addr_var="addr_$target"
+    pid_var="pid_$target"
     for script in unique-keys.lua replay.lua; do
         echo "measuring $target with $script" >&2
-        read -r r p e <<<"$(measure "${!addr_var}" "$script")"
+        # shellcheck disable=SC2086 # pid_nginx holds one pid per worker
+        read -r r p e c <<<"$(measure "${!addr_var}" "$script" ${!pid_var})"
         rps[$target,$script]=$r
         p99[$target,$script]=$p
         errs[$target,$script]=$e
+        cpu[$target,$script]=$c
     done
 done
 
@@ -132,6 +162,7 @@ label() {
     case $1 in
     direct) echo "upstream direct" ;;
     nginx) echo "nginx proxy_pass" ;;
+    plain) echo "idem serve, idempotency off (the proxy alone)" ;;
     memory) echo "idem serve, memory store" ;;
     redis) echo "idem serve, Redis store" ;;
     esac
@@ -146,6 +177,15 @@ for target in "${targets[@]}"; do
     u=unique-keys.lua
     r=replay.lua
     echo "| $(label "$target") | ${rps[$target,$u]} | $(ratio "${rps[$target,$u]}" "${rps[nginx,$u]}") | ${p99[$target,$u]} | $(ratio "${p99[$target,$u]}" "${p99[nginx,$u]}") | ${rps[$target,$r]} | $(ratio "${rps[$target,$r]}" "${rps[nginx,$r]}") | ${p99[$target,$r]} | $(ratio "${p99[$target,$r]}" "${p99[nginx,$r]}") |"
+done
+echo
+echo "CPU time per request of each process (user + system, from /proc; the upstream's own for \"upstream direct\"), unique keys:"
+echo
+echo "| target | CPU per request | x nginx |"
+echo "|---|---|---|"
+for target in "${targets[@]}"; do
+    u=unique-keys.lua
+    echo "| $(label "$target") | ${cpu[$target,$u]} us | $(ratio "${cpu[$target,$u]}" "${cpu[nginx,$u]}") |"
 done
 for target in "${targets[@]}"; do
     for script in unique-keys.lua replay.lua; do
