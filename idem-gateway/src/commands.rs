@@ -18,7 +18,7 @@ use crate::config::{self, Config, ConfigError, StoreSpec};
 use crate::gateway::{Gateway, check_routes};
 use crate::proxy::Tracker;
 use crate::records::{record_json, record_key, record_line, scan_query};
-use crate::server::Drained;
+use crate::server::{Drained, Worker, run_on, serve_workers};
 
 /// Why a command failed, and the exit code that says so.
 #[derive(Debug)]
@@ -167,7 +167,11 @@ pub async fn start(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Running, Failure> {
     let store = crate::store::open(&config.store).await?;
-    start_with_store(config, store, metrics, shutdown).await
+    // A Redis connection is driven by a task of the runtime that made it: each serving thread
+    // gets its own, so that a store call does not wake another thread and wait for it (on
+    // the memory, redb and PostgreSQL stores the serving threads share the one store).
+    let own_stores = matches!(config.store.spec, StoreSpec::Redis(_));
+    serve_gateway(config, store, own_stores, metrics, shutdown).await
 }
 
 /// [`start`] over a store the caller opened (tests inspect it; an embedder shares it).
@@ -180,12 +184,39 @@ pub async fn start_with_store(
     metrics: Option<RenderMetrics>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Running, Failure> {
+    serve_gateway(config, store, false, metrics, shutdown).await
+}
+
+/// [`start`] and [`start_with_store`]: `store` serves the admin listener, and the serving
+/// threads too unless `own_stores`, where each opens its own connection to the configured
+/// store.
+async fn serve_gateway(
+    config: &Config,
+    store: Arc<dyn Store>,
+    own_stores: bool,
+    metrics: Option<RenderMetrics>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<Running, Failure> {
     let tracker = Tracker::new();
-    let gateway = Gateway::new(config, store.clone(), tracker.clone())?;
-    let listener = bind(config.server.listen, "the gateway").await?;
-    let listen = listener
+    let addr = config.server.listen;
+    let listeners = crate::server::bind_workers(addr, config.server.workers)
+        .map_err(|err| Failure::runtime(format!("cannot listen on {addr} (the gateway): {err}")))?;
+    let listen = listeners[0]
         .local_addr()
         .map_err(|err| Failure::runtime(format!("cannot read the bound address: {err}")))?;
+    let mut workers = Vec::with_capacity(listeners.len());
+    for listener in listeners {
+        let runtime = Worker::runtime().map_err(|err| {
+            Failure::runtime(format!("cannot start a serving thread's runtime: {err}"))
+        })?;
+        let worker_store = if own_stores {
+            run_on(&runtime, crate::store::open(&config.store)).map_err(Failure::runtime)??
+        } else {
+            store.clone()
+        };
+        let gateway = Gateway::new(config, worker_store, tracker.clone())?;
+        workers.push(Worker::new(runtime, listener, gateway));
+    }
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let admin = match &config.admin {
         Some(settings) => {
@@ -212,7 +243,7 @@ pub async fn start_with_store(
                 _ = stopped_by_call.wait_for(|stop| *stop) => {}
             }
         };
-        let drained = crate::server::serve(listener, gateway, &server, tracker, stop_signal).await;
+        let drained = serve_workers(workers, &server, tracker, stop_signal).await;
         // Stops the admin listener too.
         stop_for_task.send_replace(true);
         drained

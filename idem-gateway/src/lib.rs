@@ -9,7 +9,8 @@
 //! - [`config`]: the TOML file, the overrides, and the one function that validates them;
 //! - [`cli`]: the command line;
 //! - [`commands`]: the subcommands, each returning a [`commands::Failure`] with its exit code,
-//!   and [`commands::start`], which runs a gateway in the current runtime;
+//!   and [`commands::start`], which runs a gateway from the current runtime (the store and the
+//!   admin listener on it, the serving threads of [`server::serve_workers`] beside it);
 //! - [`gateway`], [`proxy`], [`server`], [`admin`]: the request path, the upstream client, the
 //!   listener with its graceful shutdown, and the admin endpoints (metrics, health, the key API,
 //!   the operator's page `/ui`);

@@ -2,9 +2,17 @@
 //! hands each request to the [`Gateway`], and shuts down gracefully: stop accepting, let
 //! in-flight requests finish within the grace period, then make the rest give up so their keys
 //! are released.
+//!
+//! The gateway serves on `[server] workers` threads ([`serve_workers`]), each a current-thread
+//! runtime with its own listener on the shared port ([`bind_workers`]) and its own upstream
+//! pool: a connection, its requests and their upstream exchanges stay on one thread. The store
+//! and the admin listener stay on the runtime that started the gateway.
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use hyper::body::Incoming;
@@ -12,7 +20,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
+use tokio::sync::{oneshot, watch};
 
 use crate::config::ServerConfig;
 use crate::gateway::Gateway;
@@ -116,6 +125,172 @@ pub async fn serve(
     Drained {
         clean: false,
         abandoned: if settled { 0 } else { tracker.in_flight() },
+    }
+}
+
+/// Binds `count` listeners on `addr`, all on one port (the port of the first when `addr` asks
+/// for port 0). With more than one, each is bound with `SO_REUSEPORT` and the kernel spreads
+/// the connections over them (on Linux, only sockets of the same user can share the port).
+///
+/// # Errors
+/// The first bind that fails (the address is taken, or not this machine's).
+pub fn bind_workers(
+    addr: SocketAddr,
+    count: NonZeroUsize,
+) -> io::Result<Vec<std::net::TcpListener>> {
+    let shared = count.get() > 1;
+    let bind = |addr: SocketAddr| -> io::Result<std::net::TcpListener> {
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        if shared {
+            socket.set_reuseport(true)?;
+        }
+        socket.bind(addr)?;
+        socket.listen(1024)?.into_std()
+    };
+    let first = bind(addr)?;
+    let addr = first.local_addr()?;
+    let mut listeners = vec![first];
+    for _ in 1..count.get() {
+        listeners.push(bind(addr)?);
+    }
+    Ok(listeners)
+}
+
+/// One serving thread: a current-thread runtime, its listener and its own [`Gateway`] (so its
+/// own upstream pool). A request, its layer and its upstream connection stay on one thread:
+/// on a machine whose cores the proxy shares, hopping between threads cost a fifth of the CPU
+/// per request.
+#[derive(Debug)]
+pub struct Worker {
+    runtime: tokio::runtime::Runtime,
+    listener: std::net::TcpListener,
+    gateway: Gateway,
+}
+
+impl Worker {
+    /// A serving thread's runtime, for [`Worker::new`] (and for opening a store connection on
+    /// it first, with [`run_on`]).
+    ///
+    /// # Errors
+    /// The runtime cannot be built.
+    pub fn runtime() -> io::Result<tokio::runtime::Runtime> {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    }
+
+    /// A worker serving `gateway` on `listener` from `runtime`.
+    #[must_use]
+    pub fn new(
+        runtime: tokio::runtime::Runtime,
+        listener: std::net::TcpListener,
+        gateway: Gateway,
+    ) -> Self {
+        Worker {
+            runtime,
+            listener,
+            gateway,
+        }
+    }
+}
+
+/// Runs `future` to its end on `runtime`, from a thread of its own (so also from inside
+/// another runtime): what it spawns (a store connection's driver) stays on `runtime`.
+///
+/// # Errors
+/// The thread panicked.
+pub fn run_on<F>(runtime: &tokio::runtime::Runtime, future: F) -> Result<F::Output, String>
+where
+    F: Future + Send,
+    F::Output: Send,
+{
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| runtime.block_on(future))
+            .join()
+            .map_err(|_| "the thread opening a serving thread's store panicked".to_owned())
+    })
+}
+
+/// Serves on each worker's thread until `shutdown` resolves, then drains them all (as
+/// [`serve`] does) and reports the worst of their drains.
+pub async fn serve_workers(
+    workers: Vec<Worker>,
+    settings: &ServerConfig,
+    tracker: Tracker,
+    shutdown: impl Future<Output = ()>,
+) -> Drained {
+    let (stop, stopped) = watch::channel(false);
+    let mut results = Vec::with_capacity(workers.len());
+    for (index, worker) in workers.into_iter().enumerate() {
+        let (done, result) = oneshot::channel();
+        let settings = settings.clone();
+        let tracker = tracker.clone();
+        let mut stopped = stopped.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("idem-serve-{index}"))
+            .spawn(move || {
+                let Worker {
+                    runtime,
+                    listener,
+                    gateway,
+                } = worker;
+                let drained = runtime.block_on(async move {
+                    let listener = match TcpListener::from_std(listener) {
+                        Ok(listener) => listener,
+                        Err(err) => {
+                            tracing::error!(error = %err, "a serving thread cannot use its listener");
+                            return Drained {
+                                clean: true,
+                                abandoned: 0,
+                            };
+                        }
+                    };
+                    let stop = async move {
+                        let _ = stopped.wait_for(|stop| *stop).await;
+                    };
+                    let drained = serve(listener, gateway, &settings, tracker, stop).await;
+                    settle_tasks(SETTLE).await;
+                    drained
+                });
+                let _ = done.send(drained);
+            });
+        match spawned {
+            Ok(_) => results.push(result),
+            Err(err) => tracing::error!(error = %err, "cannot start a serving thread"),
+        }
+    }
+    shutdown.await;
+    stop.send_replace(true);
+    let mut drained = Drained {
+        clean: true,
+        abandoned: 0,
+    };
+    for result in results {
+        match result.await {
+            Ok(one) => {
+                drained.clean &= one.clean;
+                drained.abandoned = drained.abandoned.max(one.abandoned);
+            }
+            // The thread panicked: its requests were not drained.
+            Err(_) => drained.clean = false,
+        }
+    }
+    drained
+}
+
+/// Lets the tasks still alive on this thread's runtime (a response being stored after its
+/// client left, a claim being released) finish, for up to `limit`, before the runtime goes.
+async fn settle_tasks(limit: Duration) {
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let deadline = tokio::time::Instant::now() + limit;
+    while metrics.num_alive_tasks() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

@@ -171,6 +171,14 @@ fn settings_checked_together() {
         &idem(&["check-config", path(&bad)]),
         &["headers.toml:4:20", "at least 8192"],
     );
+    let bad = file(
+        "workers.toml",
+        "[upstream]\nurl = \"http://h:1\"\n[server]\nworkers = 0\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&bad)]),
+        &["workers.toml:4:11", "workers must be at least 1"],
+    );
 }
 
 #[test]

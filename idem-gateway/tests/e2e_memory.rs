@@ -523,3 +523,46 @@ async fn shutdown_past_the_grace_releases_the_keys_of_what_is_left() {
         "the key of the aborted request is released"
     );
 }
+
+/// Sends `per_key` concurrent requests for each of `keys` keys named `{prefix}-{n}` (the pool
+/// opens a connection per request while all are busy, so they spread over the serving threads)
+/// and checks that every answer is the first execution, a 409 with `Retry-After` or a
+/// byte-identical replay, with exactly one execution per key.
+async fn storm(gateway: &Gateway, prefix: &str, keys: usize, per_key: usize) {
+    let http = Http::new();
+    let mut tasks = Vec::new();
+    for n in 0..keys * per_key {
+        let http = http.clone();
+        let key = format!("{prefix}-{}", n % keys);
+        let url = gateway.url("/slow?ms=200");
+        tasks.push(tokio::spawn(async move {
+            let reply = http.post_key(&url, &key, "").await;
+            (key, reply)
+        }));
+    }
+    let mut executed = std::collections::HashMap::new();
+    for task in tasks {
+        let (key, reply) = task.await.unwrap();
+        match reply.status {
+            200 if reply.replayed() => assert_eq!(reply.text(), "slept:200"),
+            200 => *executed.entry(key).or_insert(0) += 1,
+            409 => assert!(reply.header("retry-after").is_some()),
+            other => panic!("unexpected {other}: {}", reply.text()),
+        }
+    }
+    assert_eq!(executed.len(), keys, "every key ran: {executed:?}");
+    assert!(executed.values().all(|&n| n == 1), "{executed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_serving_threads_share_the_port_and_run_each_key_once() {
+    let fixture = Fixture::start();
+    let mut config = config(fixture.addr, PAYMENTS);
+    config.server.workers = std::num::NonZeroUsize::new(4).unwrap();
+    let gateway = Gateway::start(&config).await;
+
+    storm(&gateway, "one", 1, 200).await;
+    assert_eq!(fixture.count().await, 1);
+    storm(&gateway, "twenty", 20, 10).await;
+    assert_eq!(fixture.count().await, 21);
+}

@@ -27,6 +27,10 @@ pub mod defaults {
     pub const MAX_HEADERS: usize = 100;
     /// `[server] shutdown_grace`.
     pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+    /// `[server] workers`: one serving thread per core the process may use.
+    pub fn workers() -> std::num::NonZeroUsize {
+        std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN)
+    }
     /// `[upstream] connect_timeout`.
     pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
     /// `[upstream] timeout`.
@@ -110,6 +114,8 @@ pub struct ServerConfig {
     pub max_headers: usize,
     /// How long in-flight requests may run on after a shutdown signal.
     pub shutdown_grace: Duration,
+    /// Serving threads, each with its own listener on the port, runtime and upstream pool.
+    pub workers: NonZeroUsize,
 }
 
 /// The upstream service.
@@ -547,6 +553,12 @@ impl Config {
             Some(spanned) => *spanned.get_ref(),
             None => defaults::MAX_HEADERS,
         };
+        let workers = match &server.workers {
+            Some(spanned) => NonZeroUsize::new(*spanned.get_ref()).ok_or_else(|| {
+                origin.error_at(Some(spanned.span().start), "workers must be at least 1")
+            })?,
+            None => defaults::workers(),
+        };
         let server = ServerConfig {
             listen: listen.or(server.listen).unwrap_or(defaults::LISTEN),
             max_header_bytes,
@@ -554,6 +566,7 @@ impl Config {
             shutdown_grace: server
                 .shutdown_grace
                 .map_or(defaults::SHUTDOWN_GRACE, |d| d.0),
+            workers,
         };
 
         let upstream = match upstream_url.or(upstream.url.clone()) {

@@ -45,6 +45,8 @@ pub struct ServerSection {
     pub max_headers: Option<Spanned<usize>>,
     /// How long in-flight requests may run on after SIGTERM or SIGINT.
     pub shutdown_grace: Option<HumanDuration>,
+    /// Serving threads (default: one per core).
+    pub workers: Option<Spanned<usize>>,
 }
 
 /// `[upstream]`.
