@@ -11,7 +11,11 @@
 #
 #   bench/gateway.sh
 #   DURATION=30s bench/gateway.sh
-#   REDIS_URL=redis://127.0.0.1:6379 bench/gateway.sh
+#   REDIS_URL=redis://127.0.0.1:6379 bench/gateway.sh   # that server instead of a private one
+#
+# Redis: unless REDIS_URL is set, the script starts a private redis-server on a free port (no
+# persistence) and stops it at the end: the unique-key runs write about a million records,
+# which must not land in a server that tests share.
 #
 # Installs wrk and nginx from Debian's packages when missing. Everything listens on 127.0.0.1.
 # The gateways run with their admin listener, so metrics are recorded as in production.
@@ -21,7 +25,7 @@ cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
 THREADS=${THREADS:-2}
 CONNECTIONS=${CONNECTIONS:-64}
-REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
+REDIS_URL=${REDIS_URL:-}
 
 . bench/lib.sh
 install_missing wrk nginx
@@ -40,8 +44,10 @@ cleanup() {
     for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
     if [ -f "$work/nginx.pid" ]; then kill "$(cat "$work/nginx.pid")" 2>/dev/null || true; fi
     rm -rf "$work"
+    stop_private_redis
 }
 trap cleanup EXIT
+private_redis
 
 # The upstream.
 "$fixture" --bare --listen 127.0.0.1:0 >"$work/fixture.out" 2>&1 &
@@ -97,7 +103,7 @@ start_idem memory memory
 printf '[idempotency]\nenabled = false\n' >"$work/plain.toml"
 start_idem plain memory --config "$work/plain.toml"
 redis=false
-if redis-cli -u "$REDIS_URL" ping >/dev/null 2>&1; then
+if [ -n "$REDIS_URL" ] && redis-cli -u "$REDIS_URL" ping >/dev/null 2>&1; then
     start_idem redis "$REDIS_URL"
     redis=true
 fi

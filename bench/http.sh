@@ -31,18 +31,10 @@ target_dir=$(target_dir)
 fixture="$target_dir/release/idem-fixture"
 
 pid=""
-redis_pid=""
 cleanup() { if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi; }
-stop_redis() { if [ -n "$redis_pid" ]; then kill "$redis_pid" 2>/dev/null || true; wait "$redis_pid" 2>/dev/null || true; fi; }
-trap 'cleanup; stop_redis' EXIT
+trap 'cleanup; stop_private_redis' EXIT
 
-if [ -z "$REDIS_URL" ] && command -v redis-server >/dev/null 2>&1; then
-    port=$(free_port)
-    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no >/dev/null &
-    redis_pid=$!
-    REDIS_URL="redis://127.0.0.1:$port"
-    for _ in $(seq 50); do redis-cli -u "$REDIS_URL" ping >/dev/null 2>&1 && break; sleep 0.1; done
-fi
+private_redis
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
 
 # start <args...>: starts the fixture, sets $pid and $addr.

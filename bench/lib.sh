@@ -60,3 +60,28 @@ build_release() {
     idem="$dir/release/idem"
     load="$dir/release/idem-load"
 }
+
+# private_redis: unless REDIS_URL is set, starts a redis-server of this script's own on a free
+# port (no persistence) and points REDIS_URL at it, so a benchmark neither fills a shared server
+# with its records nor counts another's commands; sets $private_redis_pid (empty when none was
+# started: stop it with stop_private_redis). Without redis-server, REDIS_URL stays unset.
+private_redis() {
+    private_redis_pid=""
+    if [ -n "${REDIS_URL:-}" ] || ! command -v redis-server >/dev/null 2>&1; then
+        return 0
+    fi
+    local port
+    port=$(free_port)
+    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no >/dev/null &
+    private_redis_pid=$!
+    REDIS_URL="redis://127.0.0.1:$port"
+    for _ in $(seq 50); do redis-cli -u "$REDIS_URL" ping >/dev/null 2>&1 && break; sleep 0.1; done
+}
+
+# stop_private_redis: stops the server private_redis started, if it did.
+stop_private_redis() {
+    if [ -n "${private_redis_pid:-}" ]; then
+        kill "$private_redis_pid" 2>/dev/null || true
+        wait "$private_redis_pid" 2>/dev/null || true
+    fi
+}
