@@ -303,10 +303,8 @@ async fn process<S, ReqBody, ResBody>(
     let deadline = config.wait.map(|wait| Instant::now() + wait);
     let mut pause = Duration::from_millis(10);
     let answer = loop {
-        let answer = (shared
-            .store_metrics
-            .time(Op::Claim, shared.store.claim(&claim)))
-        .await;
+        let claimed = shared.store.claim(&claim);
+        let answer = shared.store_metrics.time(Op::Claim, claimed).await;
         let state_before = answer.as_ref().map_or("unknown", ClaimOutcome::kind);
         tracing::debug!(
             idempotency_key = %log_key(config, &claim.key),
@@ -599,9 +597,8 @@ impl Claim {
         self.settle();
         metrics::failure(kind);
         let config = &self.shared.config;
-        let released = (self.shared.store_metrics)
-            .time(Op::Release, self.shared.store.release(&self.lease))
-            .await;
+        let released = self.shared.store.release(&self.lease);
+        let released = self.shared.store_metrics.time(Op::Release, released).await;
         tracing::debug!(
             idempotency_key = %log_key(config, &self.lease.key),
             fence = self.lease.fence.get(),
