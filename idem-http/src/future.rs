@@ -3,18 +3,20 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use http::Response;
 use pin_project_lite::pin_project;
+use tokio::sync::oneshot;
 
 use crate::body::ResponseBody;
+use crate::detach::Detached;
+use crate::layer::Shared;
 use crate::metrics;
 use crate::outcome::Outcome;
-
-/// A boxed future of a request the layer handles.
-pub(crate) type Managed<B, E> =
-    Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>;
+use crate::rejection::Rejection;
+use crate::service::{Reply, counted, reject};
 
 pin_project! {
     /// The response future of [`crate::Idempotency`].
@@ -31,8 +33,13 @@ pin_project! {
         Bypass { #[pin] future: F },
         // An answer known at once (a rejection).
         Ready { response: Option<Response<ResponseBody<B>>> },
-        // A request the layer handles.
-        Managed { future: Managed<B, E> },
+        // A request the layer handles: its work (polled here, detached if this future is
+        // dropped first) and the answer the work sends.
+        Managed {
+            work: Detached,
+            answer: Option<oneshot::Receiver<Reply<B, E>>>,
+            shared: Arc<Shared>,
+        },
     }
 }
 
@@ -64,11 +71,26 @@ impl<F, B, E> ResponseFuture<F, B, E> {
         }
     }
 
-    pub(crate) fn managed(future: Managed<B, E>) -> Self {
+    pub(crate) fn managed(
+        work: Detached,
+        answer: oneshot::Receiver<Reply<B, E>>,
+        shared: Arc<Shared>,
+    ) -> Self {
         ResponseFuture {
-            kind: Kind::Managed { future },
+            kind: Kind::Managed {
+                work,
+                answer: Some(answer),
+                shared,
+            },
         }
     }
+}
+
+/// The answer to a future polled after it completed: an empty 500 rather than a panic.
+fn polled_after_completion<B>() -> Response<ResponseBody<B>> {
+    let mut response = Response::new(ResponseBody::empty());
+    *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+    response
 }
 
 impl<F, B, E> Future for ResponseFuture<F, B, E>
@@ -86,16 +108,33 @@ where
                 response.extensions_mut().insert(Outcome::Bypassed);
                 Poll::Ready(Ok(response))
             }
-            KindProj::Ready { response } => match response.take() {
-                Some(response) => Poll::Ready(Ok(response)),
-                // Polled after completion: answer an empty 500 rather than panic.
-                None => {
-                    let mut response = Response::new(ResponseBody::empty());
-                    *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
-                    Poll::Ready(Ok(response))
-                }
-            },
-            KindProj::Managed { future } => future.as_mut().poll(cx),
+            KindProj::Ready { response } => {
+                Poll::Ready(Ok(response.take().unwrap_or_else(polled_after_completion)))
+            }
+            KindProj::Managed {
+                work,
+                answer,
+                shared,
+            } => {
+                work.poll_inline(cx);
+                let Some(receiver) = answer.as_mut() else {
+                    return Poll::Ready(Ok(polled_after_completion()));
+                };
+                let received = ready!(Pin::new(receiver).poll(cx));
+                *answer = None;
+                Poll::Ready(match received {
+                    Ok(Ok(mut response)) => {
+                        if response.extensions().get::<Outcome>().is_none() {
+                            response.extensions_mut().insert(Outcome::Executed);
+                        }
+                        Ok(counted(response))
+                    }
+                    Ok(Err(error)) => Err(error),
+                    // The work ended without answering: the handler panicked (its claim was
+                    // released).
+                    Err(_) => Ok(counted(reject(shared, Rejection::HandlerFailed))),
+                })
+            }
         }
     }
 }

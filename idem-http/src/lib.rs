@@ -74,6 +74,7 @@ mod body;
 pub mod codec;
 pub mod config;
 mod context;
+mod detach;
 pub mod fingerprint;
 mod future;
 pub mod header;

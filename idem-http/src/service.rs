@@ -2,8 +2,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -24,6 +22,7 @@ use crate::body::{self, CaptureError, ResponseBody};
 use crate::codec::{self, StoredResponse};
 use crate::config::{Config, KeyPolicy, StoreFailure};
 use crate::context::IdempotencyContext;
+use crate::detach::{Detached, Work};
 use crate::fingerprint::request_fingerprint;
 use crate::future::ResponseFuture;
 use crate::header::parse_header;
@@ -142,16 +141,26 @@ where
         // Take the service that was driven to readiness; leave a clone in its place.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let shared = self.shared.clone();
-        ResponseFuture::managed(Box::pin(async move {
-            let key = RecordKey::new(scope, key);
-            handle(inner, shared, parts, body, key).await.map(counted)
-        }))
+        let key = RecordKey::new(scope, key);
+        // The work is polled inline by the response future, but owned by a guard that hands it
+        // to a task of its own if that future is dropped (the client disconnected) or returns
+        // before the work ends (a streamed response): the handler always runs to completion and
+        // its claim is always settled. A panic in the work is caught and answered with 500.
+        let (reply, answer) = oneshot::channel();
+        let work = Detached::new(Box::pin(process(
+            inner,
+            self.shared.clone(),
+            parts,
+            body,
+            key,
+            reply,
+        )));
+        ResponseFuture::managed(work, answer, self.shared.clone())
     }
 }
 
 /// Counts a response by its outcome on its way out.
-fn counted<B>(response: Response<B>) -> Response<B> {
+pub(crate) fn counted<B>(response: Response<B>) -> Response<B> {
     if let Some(outcome) = response.extensions().get::<Outcome>() {
         metrics::request(*outcome);
     }
@@ -186,21 +195,23 @@ fn log_key(config: &Config, key: &RecordKey) -> String {
     }
 }
 
-/// Captures the body, claims the key and answers from what the store says.
-async fn handle<S, ReqBody, ResBody>(
+/// The answer sent from the task that processes a request to its caller.
+pub(crate) type Reply<B, E> = Result<Response<ResponseBody<B>>, E>;
+
+/// Captures the body, claims the key and answers from what the store says; runs the handler
+/// under the claim if it is granted.
+async fn process<S, ReqBody, ResBody>(
     inner: S,
     shared: Arc<Shared>,
     parts: request::Parts,
     body: ReqBody,
     key: RecordKey,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    ReqBody: Body + From<Bytes> + Send + 'static,
+    reply: oneshot::Sender<Reply<ResBody, S::Error>>,
+) where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ReqBody: Body + From<Bytes>,
     ReqBody::Error: Into<BoxError>,
-    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody: Body<Data = Bytes> + Send,
     ResBody::Error: Into<BoxError> + Send,
 {
     let config = &shared.config;
@@ -208,98 +219,20 @@ where
         Ok(bytes) => bytes,
         Err(CaptureError::TooLarge) => {
             let limit = config.body_limit;
-            return Ok(reject(&shared, Rejection::BodyTooLarge { limit }));
+            let _ = reply.send(Ok(reject(&shared, Rejection::BodyTooLarge { limit })));
+            return;
         }
-        Err(CaptureError::Read) => return Ok(reject(&shared, Rejection::BodyUnreadable)),
+        Err(CaptureError::Read) => {
+            let _ = reply.send(Ok(reject(&shared, Rejection::BodyUnreadable)));
+            return;
+        }
     };
+    if reply.is_closed() {
+        // The caller went away before its request was claimed: nothing ran, nothing to settle.
+        return;
+    }
     let fingerprint = request_fingerprint(&parts.method, &parts.uri, &bytes);
     let claim = ClaimRequest::new(key, fingerprint, config.lease);
-    // From the claim on, the work is polled here, inline, but owned by a guard that hands it
-    // to a task of its own if this future is dropped (the client disconnected) or returns
-    // before the work ends (a streamed response): the handler always runs to completion and
-    // its claim is always settled. A panic in the work is caught and answered with 500.
-    let (reply, mut answer) = oneshot::channel();
-    let mut work = Detached::new(Box::pin(process(
-        inner,
-        shared.clone(),
-        parts,
-        bytes,
-        claim,
-        reply,
-    )));
-    let answer = std::future::poll_fn(|cx| {
-        work.poll_inline(cx);
-        Pin::new(&mut answer).poll(cx)
-    })
-    .await;
-    match answer {
-        Ok(Ok(mut response)) => {
-            if response.extensions().get::<Outcome>().is_none() {
-                response.extensions_mut().insert(Outcome::Executed);
-            }
-            Ok(response)
-        }
-        Ok(Err(error)) => Err(error),
-        // The work ended without answering: the handler panicked (its claim was released).
-        Err(_) => Ok(reject(&shared, Rejection::HandlerFailed)),
-    }
-}
-
-/// The work of one request past its claim, as a boxed future.
-type Work = Pin<Box<dyn Future<Output = ()> + Send>>;
-
-/// Owns the work of a request: polled inline by the caller, and spawned onto the runtime to
-/// finish on its own if the caller lets go of it before it is done.
-struct Detached {
-    work: Option<Work>,
-}
-
-impl Detached {
-    fn new(work: Work) -> Self {
-        Detached { work: Some(work) }
-    }
-
-    /// Polls the work once; a panic in it drops it (its claim guard releases the key).
-    fn poll_inline(&mut self, cx: &mut Context<'_>) {
-        let Some(work) = self.work.as_mut() else {
-            return;
-        };
-        match std::panic::catch_unwind(AssertUnwindSafe(|| work.as_mut().poll(cx))) {
-            Ok(Poll::Pending) => {}
-            Ok(Poll::Ready(())) | Err(_) => self.work = None,
-        }
-    }
-}
-
-impl Drop for Detached {
-    fn drop(&mut self) {
-        if let Some(work) = self.work.take() {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(work);
-            }
-        }
-    }
-}
-
-/// The answer sent from the task that processes a request to its caller.
-type Reply<B, E> = Result<Response<ResponseBody<B>>, E>;
-
-/// Claims the key and answers from what the store says; runs the handler under the claim if
-/// it is granted.
-async fn process<S, ReqBody, ResBody>(
-    inner: S,
-    shared: Arc<Shared>,
-    parts: request::Parts,
-    bytes: Bytes,
-    claim: ClaimRequest,
-    reply: oneshot::Sender<Reply<ResBody, S::Error>>,
-) where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ReqBody: From<Bytes>,
-    ResBody: Body<Data = Bytes> + Send,
-    ResBody::Error: Into<BoxError> + Send,
-{
-    let config = &shared.config;
     let deadline = config.wait.map(|wait| Instant::now() + wait);
     let mut pause = Duration::from_millis(10);
     let answer = loop {
