@@ -153,7 +153,32 @@ fn settings_checked_together() {
     );
     assert_one_line_error(
         &idem(&["check-config", path(&bad)]),
-        &["heartbeat.toml:4:1", "shorter than the lease"],
+        &["heartbeat.toml:7:13", "shorter than the lease"],
+    );
+    // A value checked beyond its syntax is named by its own position, not its section's.
+    let bad = file(
+        "zero-lease.toml",
+        "[upstream]\nurl = \"http://h:1\"\n[idempotency]\nkey = \"required\"\nlease = \"0s\"\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&bad)]),
+        &["zero-lease.toml:5:9", "the lease must be longer than zero"],
+    );
+    let bad = file(
+        "header.toml",
+        "[upstream]\nurl = \"http://h:1\"\n[[route]]\npath = \"/p\"\nheader = \"Bad Header\"\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&bad)]),
+        &["header.toml:5:10", "is not a header name"],
+    );
+    let bad = file(
+        "cap.toml",
+        "[upstream]\nurl = \"http://h:1\"\n[idempotency]\nstorage_cap = 0\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&bad)]),
+        &["cap.toml:4:15", "storage_cap must be at least 1 byte"],
     );
     let bad = file(
         "nopath.toml",

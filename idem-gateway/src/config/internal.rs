@@ -7,6 +7,7 @@ use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
+use toml::Spanned;
 
 use super::ConfigError;
 use super::toml::{FileConfig, KeyMode, LogFormat, OnStoreError, RouteSection};
@@ -356,6 +357,11 @@ fn header_names(
         .collect()
 }
 
+/// Where a value of a section is: its own position when it was set, else the section's.
+fn position<T>(value: Option<&Spanned<T>>, section: Option<usize>) -> Option<usize> {
+    value.map_or(section, |spanned| Some(spanned.span().start))
+}
+
 /// Resolves a route section over its parent's settings, then applies the duration overrides.
 fn settings(
     section: &RouteSection,
@@ -365,25 +371,27 @@ fn settings(
     origin: &Origin,
     at: Option<usize>,
 ) -> Result<RouteSettings, ConfigError> {
+    let lease_at = position(section.lease.as_ref(), at);
     let lease = positive(
         lease_override
-            .or(section.lease.map(|d| d.0))
+            .or(section.lease.as_ref().map(|d| d.get_ref().0))
             .unwrap_or(parent.lease),
         "the lease",
         origin,
-        at,
+        lease_at,
     )?;
     // A heartbeat not set here is inherited; when this level changes the lease, it is also
     // kept to at most a third of the new lease.
-    let heartbeat = match section.heartbeat {
-        Some(HumanDuration(beat)) => beat,
+    let heartbeat_at = position(section.heartbeat.as_ref(), lease_at);
+    let heartbeat = match section.heartbeat.as_ref().map(Spanned::get_ref) {
+        Some(HumanDuration(beat)) => *beat,
         None if lease == parent.lease => parent.heartbeat,
         None => parent.heartbeat.min(lease / 3),
     };
-    let heartbeat = positive(heartbeat, "the heartbeat", origin, at)?;
+    let heartbeat = positive(heartbeat, "the heartbeat", origin, heartbeat_at)?;
     if heartbeat >= lease {
         return Err(origin.error_at(
-            at,
+            heartbeat_at,
             format!(
                 "the heartbeat ({}) must be shorter than the lease ({})",
                 HumanDuration(heartbeat),
@@ -393,25 +401,29 @@ fn settings(
     }
     let retention = positive(
         retention_override
-            .or(section.retention.map(|d| d.0))
+            .or(section.retention.as_ref().map(|d| d.get_ref().0))
             .unwrap_or(parent.retention),
         "the retention",
         origin,
-        at,
+        position(section.retention.as_ref(), at),
     )?;
     let header = match &section.header {
-        Some(name) => HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| origin.error_at(at, format!("header {name:?} is not a header name")))?,
+        Some(name) => HeaderName::from_bytes(name.get_ref().as_bytes()).map_err(|_| {
+            origin.error_at(
+                Some(name.span().start),
+                format!("header {:?} is not a header name", name.get_ref()),
+            )
+        })?,
         None => parent.header.clone(),
     };
     let methods = match &section.methods {
-        Some(methods) if methods.is_empty() => {
+        Some(methods) if methods.get_ref().is_empty() => {
             return Err(origin.error_at(
-                at,
+                Some(methods.span().start),
                 "methods is empty: cover at least one method (or set enabled = false)",
             ));
         }
-        Some(methods) => methods.iter().map(|m| m.0.clone()).collect(),
+        Some(methods) => methods.get_ref().iter().map(|m| m.0.clone()).collect(),
         None => parent.methods.clone(),
     };
     let wait = match section.wait {
@@ -419,20 +431,30 @@ fn settings(
         Some(HumanDuration(d)) => Some(d),
         None => parent.wait,
     };
-    let request_body_limit = match section.request_body_limit {
-        Some(ByteSize(n)) => nonzero(n, "request_body_limit", origin, at)?,
+    let request_body_limit = match &section.request_body_limit {
+        Some(limit) => nonzero(
+            limit.get_ref().0,
+            "request_body_limit",
+            origin,
+            Some(limit.span().start),
+        )?,
         None => parent.request_body_limit,
     };
-    let storage_cap = match section.storage_cap {
-        Some(ByteSize(n)) => nonzero(n, "storage_cap", origin, at)?,
+    let storage_cap = match &section.storage_cap {
+        Some(cap) => nonzero(
+            cap.get_ref().0,
+            "storage_cap",
+            origin,
+            Some(cap.span().start),
+        )?,
         None => parent.storage_cap,
     };
     let allow_headers = match &section.allow_headers {
-        Some(names) => header_names(names, true, origin, at)?,
+        Some(names) => header_names(names.get_ref(), true, origin, Some(names.span().start))?,
         None => parent.allow_headers.clone(),
     };
     let deny_headers = match &section.deny_headers {
-        Some(names) => header_names(names, false, origin, at)?,
+        Some(names) => header_names(names.get_ref(), false, origin, Some(names.span().start))?,
         None => parent.deny_headers.clone(),
     };
     Ok(RouteSettings {

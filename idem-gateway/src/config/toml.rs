@@ -133,7 +133,8 @@ pub enum OnStoreError {
 }
 
 /// `[idempotency]` and each `[[route]]`: the idempotency settings of a path. `name` and `path`
-/// are for routes only.
+/// are for routes only. The settings that are checked beyond their syntax keep their position
+/// in the file, so an error names the line of the value.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteSection {
@@ -144,25 +145,25 @@ pub struct RouteSection {
     /// `false` proxies the route untouched.
     pub enabled: Option<bool>,
     /// The key header's name.
-    pub header: Option<String>,
+    pub header: Option<Spanned<String>>,
     /// The methods the layer covers; others pass through.
-    pub methods: Option<Vec<MethodName>>,
+    pub methods: Option<Spanned<Vec<MethodName>>>,
     /// `optional` or `required`.
     pub key: Option<KeyMode>,
     /// `authorization`, `none` or `header:NAME`.
     pub scope: Option<ScopeSpec>,
     /// How long a claim holds before another request may take it over.
-    pub lease: Option<HumanDuration>,
+    pub lease: Option<Spanned<HumanDuration>>,
     /// How often a running request's lease is extended.
-    pub heartbeat: Option<HumanDuration>,
+    pub heartbeat: Option<Spanned<HumanDuration>>,
     /// How long a stored response is kept.
-    pub retention: Option<HumanDuration>,
+    pub retention: Option<Spanned<HumanDuration>>,
     /// Wait up to this long for an in-flight original instead of answering 409 (`0s`: off).
     pub wait: Option<HumanDuration>,
     /// The largest request body on covered requests; larger -> 413.
-    pub request_body_limit: Option<ByteSize>,
+    pub request_body_limit: Option<Spanned<ByteSize>>,
     /// The largest response stored (encoded, compressed).
-    pub storage_cap: Option<ByteSize>,
+    pub storage_cap: Option<Spanned<ByteSize>>,
     /// Store 5xx responses too (Stripe's way).
     pub store_server_errors: Option<bool>,
     /// `fail_closed` or `fail_open`.
@@ -170,9 +171,9 @@ pub struct RouteSection {
     /// Accept only RFC 8941 sf-string keys (`"abc"`), not bare ones.
     pub strict_keys: Option<bool>,
     /// Response headers stored after all (`set-cookie`, `date`, ...).
-    pub allow_headers: Option<Vec<String>>,
+    pub allow_headers: Option<Spanned<Vec<String>>>,
     /// Response headers never stored.
-    pub deny_headers: Option<Vec<String>>,
+    pub deny_headers: Option<Spanned<Vec<String>>>,
     /// Whether logs carry keys as sent (`true`) or only their digest.
     pub log_keys: Option<bool>,
 }
