@@ -24,35 +24,11 @@ TASKS=${TASKS:-"1 16 64"}
 # Each figure is the best of this many runs (a shared machine is noisy; both sides alike).
 REPEAT=${REPEAT:-3}
 
-for tool in redis-server redis-cli redis-benchmark; do
-    if ! command -v "$tool" >/dev/null 2>&1; then
-        echo "$tool not found: installing redis-server and redis-tools from Debian's packages" >&2
-        apt-get update -qq && apt-get install -y -qq redis-server redis-tools >/dev/null
-        break
-    fi
-done
-
-server_pid=""
-dir=""
-cleanup() {
-    if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
-    if [ -n "$dir" ]; then rm -rf "$dir"; fi
-}
-trap cleanup EXIT
-
-if [ -z "${REDIS_URL:-}" ]; then
-    port=""
-    for candidate in $(seq 6390 6490); do
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$candidate") 2>/dev/null; then port=$candidate; break; fi
-    done
-    [ -n "$port" ] || { echo "no free port in 6390..6490" >&2; exit 1; }
-    dir=$(mktemp -d)
-    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
-        --logfile "$dir/redis.log" &
-    server_pid=$!
-    for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
-    REDIS_URL="redis://127.0.0.1:$port"
-fi
+. bench/lib.sh
+install_missing redis-server:redis-server redis-cli:redis-tools redis-benchmark:redis-tools
+trap stop_private_redis EXIT
+private_redis
+[ -n "${REDIS_URL:-}" ] || { echo "no REDIS_URL and no redis-server to start" >&2; exit 1; }
 hostport=${REDIS_URL#redis://}
 hostport=${hostport%%/*}
 host=${hostport%:*}
