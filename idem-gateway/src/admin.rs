@@ -2,7 +2,8 @@
 //! `/readyz` (the store answers), the key API under `/api/keys` (see [`api`]) and the
 //! operator's page `/ui` (see [`ui`]). When a token is set, every request needs
 //! `Authorization: Bearer TOKEN` (401 otherwise); `/ui` also accepts the session cookie that
-//! its login form sets (see [`session`]).
+//! its login form sets (see [`session`]). Without a token, the key API and `/ui` answer only
+//! requests addressed to an IP address or `localhost` (see [`addressed_directly`]).
 
 pub mod api;
 pub mod client;
@@ -67,6 +68,41 @@ fn text(status: StatusCode, body: impl Into<bytes::Bytes>) -> Response<GatewayBo
     response
 }
 
+/// The message of a key API or `/ui` request refused by [`addressed_directly`].
+const NOT_DIRECT: &str = "without an admin token, the key API and /ui answer only requests \
+    addressed to an IP address or localhost (a guard against DNS rebinding): use the \
+    listener's address, or set [admin] token";
+
+/// Whether `request` names this listener by an IP address or `localhost` (or names no host).
+///
+/// Without a token, that is what keeps a web page out of the key API and `/ui`: the page of a
+/// site the operator visits can point its own host name at 127.0.0.1 (DNS rebinding), and the
+/// browser then lets it read the admin listener's answers, `/ui`'s CSRF token included. Such a
+/// request always carries that host name; one addressed by IP cannot come from it.
+#[must_use]
+pub fn addressed_directly<B>(request: &Request<B>) -> bool {
+    let authority = match request.uri().authority() {
+        Some(authority) => Some(authority.clone()),
+        None => match request.headers().get(header::HOST) {
+            // A Host that is not an authority at all is not a name a page could have used.
+            Some(value) => match http::uri::Authority::try_from(value.as_bytes()) {
+                Ok(authority) => Some(authority),
+                Err(_) => return false,
+            },
+            None => None,
+        },
+    };
+    let Some(authority) = authority else {
+        return true;
+    };
+    let host = authority.host().to_ascii_lowercase();
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(&host);
+    bare.parse::<std::net::IpAddr>().is_ok() || host == "localhost" || host.ends_with(".localhost")
+}
+
 /// Compares without stopping at the first difference.
 pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -117,16 +153,28 @@ impl Admin {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let path = request.uri().path();
-        if path == "/ui" || path.starts_with("/ui/") {
+        let ui = path == "/ui" || path.starts_with("/ui/");
+        let key_api = path
+            .strip_prefix(api::PREFIX)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
+        if (ui || key_api) && self.token.is_none() && !addressed_directly(&request) {
+            tracing::warn!(
+                path,
+                "admin: refused a request addressed by a host name, without a token"
+            );
+            return if ui {
+                text(StatusCode::FORBIDDEN, format!("{NOT_DIRECT}\n"))
+            } else {
+                api::error(StatusCode::FORBIDDEN, NOT_DIRECT)
+            };
+        }
+        if ui {
             return self.ui(request).await;
         }
         if !self.authorized(&request) {
             return Self::unauthorized();
         }
-        if path
-            .strip_prefix(api::PREFIX)
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-        {
+        if key_api {
             return api::handle(&*self.store, request.method(), path, request.uri().query()).await;
         }
         if request.method() != Method::GET && request.method() != Method::HEAD {
@@ -319,4 +367,53 @@ where
     };
     let bytes = collected.to_bytes();
     std::str::from_utf8(&bytes).map_or_else(|_| Vec::new(), form::pairs)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn to(host: Option<&str>, uri: &str) -> Request<()> {
+        let mut request = Request::builder().uri(uri);
+        if let Some(host) = host {
+            request = request.header(header::HOST, host);
+        }
+        request.body(()).unwrap()
+    }
+
+    #[test]
+    fn addressed_by_ip_or_localhost_only() {
+        for host in [
+            "127.0.0.1:9901",
+            "127.0.0.1",
+            "10.1.2.3:80",
+            "[::1]:9901",
+            "[::1]",
+            "localhost:9901",
+            "LocalHost",
+            "admin.localhost:9901",
+        ] {
+            assert!(addressed_directly(&to(Some(host), "/ui")), "{host}");
+        }
+        for host in [
+            "evil.example:9901",
+            "evil.example",
+            "localhost.evil.example",
+            "127.0.0.1.nip.io:9901",
+            "not a host",
+            "",
+        ] {
+            assert!(!addressed_directly(&to(Some(host), "/ui")), "{host:?}");
+        }
+        // No Host at all (HTTP/1.0): not a browser.
+        assert!(addressed_directly(&to(None, "/ui")));
+        // The URI's authority (HTTP/2, absolute form) wins over the header.
+        assert!(!addressed_directly(&to(
+            Some("127.0.0.1"),
+            "http://evil.example/ui"
+        )));
+        assert!(addressed_directly(&to(None, "http://127.0.0.1:9901/ui")));
+    }
 }

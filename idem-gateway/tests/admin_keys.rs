@@ -27,6 +27,15 @@ fn with_token() -> Overrides {
     }
 }
 
+/// A gateway in front of `fixture` without an admin token, with `/metrics` rendered.
+async fn metered_gateway(fixture: &Fixture) -> Gateway {
+    Gateway::start_with_metrics(
+        &config_with(fixture.addr, "", &Overrides::default()),
+        Some(metrics_recorder()),
+    )
+    .await
+}
+
 /// [`idem_keys_blocking`] off the runtime's threads.
 async fn idem_keys(admin: &str, token: Option<&str>, args: &[&str]) -> (i32, String, String) {
     let admin = admin.to_owned();
@@ -204,6 +213,97 @@ async fn the_key_api_pages_filters_and_escapes_keys() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_token_only_requests_addressed_by_ip_reach_the_keys_and_the_page() {
+    let fixture = Fixture::start();
+    let gateway = metered_gateway(&fixture).await;
+    let admin = gateway.admin.clone().unwrap();
+    let port = admin.rsplit(':').next().unwrap().to_owned();
+    let http = Http::new();
+    assert_eq!(
+        http.post_key(&gateway.url("/echo"), "rebinding", "x")
+            .await
+            .status,
+        201
+    );
+    // A page that pointed its own name at the listener (DNS rebinding) sends that name.
+    let rebound = format!("evil.example:{port}");
+    let host = [("host", rebound.as_str())];
+    for path in ["/api/keys", "/api/keys/rebinding", "/ui"] {
+        let reply = http
+            .send(Method::GET, &format!("{admin}{path}"), &host, "")
+            .await;
+        assert_eq!(reply.status, 403, "{path}: {}", reply.text());
+        assert!(reply.text().contains("DNS rebinding"), "{path}");
+    }
+    let deleted = http
+        .send(
+            Method::DELETE,
+            &format!("{admin}/api/keys/rebinding"),
+            &host,
+            "",
+        )
+        .await;
+    assert_eq!(deleted.status, 403);
+    assert!(
+        gateway
+            .store
+            .get(&record_key("rebinding"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    // The key API's refusal is its JSON, so `idem keys --admin` shows the reason.
+    let listed = http
+        .send(Method::GET, &format!("{admin}/api/keys"), &host, "")
+        .await;
+    let json: serde_json::Value = serde_json::from_slice(&listed.body).unwrap();
+    assert!(json["error"].as_str().unwrap().contains("[admin] token"));
+    // Scrapes and probes by name still work; so does everything by IP or localhost.
+    for path in ["/metrics", "/healthz"] {
+        let reply = http
+            .send(Method::GET, &format!("{admin}{path}"), &host, "")
+            .await;
+        assert_eq!(reply.status, 200, "{path}");
+    }
+    let local = format!("localhost:{port}");
+    for host in [None, Some(local.as_str())] {
+        let headers: Vec<(&str, &str)> = host.map(|h| ("host", h)).into_iter().collect();
+        let reply = http
+            .send(
+                Method::GET,
+                &format!("{admin}/api/keys/rebinding"),
+                &headers,
+                "",
+            )
+            .await;
+        assert_eq!(reply.status, 200, "{host:?}");
+        let page = http
+            .send(Method::GET, &format!("{admin}/ui"), &headers, "")
+            .await;
+        assert_eq!(page.status, 200, "{host:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_token_a_host_name_is_fine() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config_with(fixture.addr, "", &with_token())).await;
+    let admin = gateway.admin.clone().unwrap();
+    let port = admin.rsplit(':').next().unwrap().to_owned();
+    let named = format!("idem-admin.internal:{port}");
+    let bearer = format!("Bearer {TOKEN}");
+    let reply = Http::new()
+        .send(
+            Method::GET,
+            &format!("{admin}/api/keys"),
+            &[("host", named.as_str()), ("authorization", bearer.as_str())],
+            "",
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_needs_a_login_escapes_keys_and_deletes_only_with_its_csrf_token() {
     let fixture = Fixture::start();
     let gateway = Gateway::start(&config_with(fixture.addr, "", &with_token())).await;
@@ -323,11 +423,7 @@ async fn the_page_needs_a_login_escapes_keys_and_deletes_only_with_its_csrf_toke
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_show_in_flight_records_whose_lease_lapsed() {
     let fixture = Fixture::start();
-    let gateway = Gateway::start_with_metrics(
-        &config_with(fixture.addr, "", &Overrides::default()),
-        Some(metrics_recorder()),
-    )
-    .await;
+    let gateway = metered_gateway(&fixture).await;
     let admin = gateway.admin.clone().unwrap();
     let http = Http::new();
     // A holder that claimed and vanished: its lease lapses, no retry takes the key over. The

@@ -34,7 +34,8 @@ pub fn json_response(status: StatusCode, value: &Value) -> Response<GatewayBody>
     response
 }
 
-fn error(status: StatusCode, message: impl std::fmt::Display) -> Response<GatewayBody> {
+/// A JSON error: `{"error": MESSAGE}`.
+pub(crate) fn error(status: StatusCode, message: impl std::fmt::Display) -> Response<GatewayBody> {
     json_response(status, &json!({ "error": message.to_string() }))
 }
 
