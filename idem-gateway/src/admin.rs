@@ -5,6 +5,7 @@
 //! its login form sets (see [`session`]). Without a token, the key API and `/ui` answer only
 //! requests addressed to an IP address or `localhost` (see [`addressed_directly`]).
 
+pub mod access;
 pub mod api;
 pub mod client;
 pub mod form;
@@ -14,6 +15,7 @@ pub mod ui;
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,6 +30,7 @@ use tokio::net::TcpListener;
 
 use crate::body::{GatewayBody, full};
 use crate::records::record_key;
+use access::{Throttle, addressed_directly, same};
 use monitor::Monitor;
 use session::Sessions;
 
@@ -45,6 +48,7 @@ pub struct Admin {
     metrics: Option<RenderMetrics>,
     monitor: Arc<Monitor>,
     sessions: Arc<Sessions>,
+    throttle: Arc<Throttle>,
 }
 
 impl std::fmt::Debug for Admin {
@@ -68,45 +72,32 @@ fn text(status: StatusCode, body: impl Into<bytes::Bytes>) -> Response<GatewayBo
     response
 }
 
+/// The answer to a peer that sent too many wrong tokens.
+const TOO_MANY: &str = "too many wrong tokens from this address: try again later";
+
+/// What a token check decided.
+enum Access {
+    /// The token is right, or none is needed.
+    Granted,
+    /// No token, or a wrong one.
+    Refused,
+    /// Not checked: the peer sent too many wrong tokens; it may try again after this long.
+    Throttled(Duration),
+}
+
+/// `response` with `Retry-After` for `wait` (in whole seconds, at least 1).
+fn throttled(mut response: Response<GatewayBody>, wait: Duration) -> Response<GatewayBody> {
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+    response
+}
+
 /// The message of a key API or `/ui` request refused by [`addressed_directly`].
 const NOT_DIRECT: &str = "without an admin token, the key API and /ui answer only requests \
     addressed to an IP address or localhost (a guard against DNS rebinding): use the \
     listener's address, or set [admin] token";
-
-/// Whether `request` names this listener by an IP address or `localhost` (or names no host).
-///
-/// Without a token, that is what keeps a web page out of the key API and `/ui`: the page of a
-/// site the operator visits can point its own host name at 127.0.0.1 (DNS rebinding), and the
-/// browser then lets it read the admin listener's answers, `/ui`'s CSRF token included. Such a
-/// request always carries that host name; one addressed by IP cannot come from it.
-#[must_use]
-pub fn addressed_directly<B>(request: &Request<B>) -> bool {
-    let authority = match request.uri().authority() {
-        Some(authority) => Some(authority.clone()),
-        None => match request.headers().get(header::HOST) {
-            // A Host that is not an authority at all is not a name a page could have used.
-            Some(value) => match http::uri::Authority::try_from(value.as_bytes()) {
-                Ok(authority) => Some(authority),
-                Err(_) => return false,
-            },
-            None => None,
-        },
-    };
-    let Some(authority) = authority else {
-        return true;
-    };
-    let host = authority.host().to_ascii_lowercase();
-    let bare = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(&host);
-    bare.parse::<std::net::IpAddr>().is_ok() || host == "localhost" || host.ends_with(".localhost")
-}
-
-/// Compares without stopping at the first difference.
-pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
 
 impl Admin {
     /// The admin endpoints over `store`; `metrics` renders `/metrics` (404 without it).
@@ -122,18 +113,37 @@ impl Admin {
             metrics,
             monitor: Arc::new(Monitor::new()),
             sessions: Arc::new(Sessions::new()),
+            throttle: Arc::new(Throttle::new()),
         }
     }
 
-    fn authorized<B>(&self, request: &Request<B>) -> bool {
+    /// Checks the bearer token of `request` from `peer`: a peer that sent too many wrong
+    /// tokens waits (see [`Throttle`]) before its token is checked again.
+    fn bearer<B>(&self, request: &Request<B>, peer: Option<IpAddr>) -> Access {
         let Some(token) = &self.token else {
-            return true;
+            return Access::Granted;
         };
-        request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "))
-            .is_some_and(|given| same(given, token.as_bytes()))
+        let Some(given) = request.headers().get(header::AUTHORIZATION) else {
+            return Access::Refused;
+        };
+        let given = given
+            .as_bytes()
+            .strip_prefix(b"Bearer ")
+            .unwrap_or_default();
+        self.check(given, token, peer)
+    }
+
+    /// Compares a token `given` by `peer` with the listener's, counting a wrong one.
+    fn check(&self, given: &[u8], token: &str, peer: Option<IpAddr>) -> Access {
+        if let Some(wait) = self.throttle.wait(peer) {
+            return Access::Throttled(wait);
+        }
+        if same(given, token.as_bytes()) {
+            return Access::Granted;
+        }
+        self.throttle.failed(peer);
+        tracing::warn!(peer = ?peer, "admin: a wrong token");
+        Access::Refused
     }
 
     /// The 401 of a request without the token.
@@ -146,8 +156,13 @@ impl Admin {
         response
     }
 
-    /// Answers one admin request.
-    pub async fn handle<B>(&self, request: Request<B>) -> Response<GatewayBody>
+    /// Answers one admin request from `peer` (its address, when known: wrong tokens are counted
+    /// by peer).
+    pub async fn handle<B>(
+        &self,
+        request: Request<B>,
+        peer: Option<IpAddr>,
+    ) -> Response<GatewayBody>
     where
         B: http_body::Body,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -169,10 +184,20 @@ impl Admin {
             };
         }
         if ui {
-            return self.ui(request).await;
+            return self.ui(request, peer).await;
         }
-        if !self.authorized(&request) {
-            return Self::unauthorized();
+        match self.bearer(&request, peer) {
+            Access::Granted => {}
+            Access::Refused => return Self::unauthorized(),
+            Access::Throttled(wait) if key_api => {
+                return throttled(api::error(StatusCode::TOO_MANY_REQUESTS, TOO_MANY), wait);
+            }
+            Access::Throttled(wait) => {
+                return throttled(
+                    text(StatusCode::TOO_MANY_REQUESTS, format!("{TOO_MANY}\n")),
+                    wait,
+                );
+            }
         }
         if key_api {
             return api::handle(&*self.store, request.method(), path, request.uri().query()).await;
@@ -210,7 +235,7 @@ impl Admin {
     }
 
     /// The pages and forms under `/ui`.
-    async fn ui<B>(&self, request: Request<B>) -> Response<GatewayBody>
+    async fn ui<B>(&self, request: Request<B>, peer: Option<IpAddr>) -> Response<GatewayBody>
     where
         B: http_body::Body,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -227,10 +252,16 @@ impl Admin {
         // The CSRF token of this visitor, when it may see the page.
         let access = match session_csrf {
             Some(csrf) => Some((csrf, true)),
-            None if self.authorized(&request) => {
-                Some((self.sessions.process_csrf().to_owned(), false))
-            }
-            None => None,
+            None => match self.bearer(&request, peer) {
+                Access::Granted => Some((self.sessions.process_csrf().to_owned(), false)),
+                Access::Refused => None,
+                Access::Throttled(wait) => {
+                    return throttled(
+                        ui::login_page(StatusCode::TOO_MANY_REQUESTS, Some(TOO_MANY)),
+                        wait,
+                    );
+                }
+            },
         };
         let method = request.method().clone();
         let path = request.uri().path().to_owned();
@@ -255,9 +286,17 @@ impl Admin {
                 };
                 let form = read_form(request.into_body()).await;
                 let given = form::value(&form, "token").unwrap_or_default();
-                if !same(given.as_bytes(), token.as_bytes()) {
-                    tracing::warn!("admin: a /ui login with a wrong token");
-                    return ui::login_page(StatusCode::UNAUTHORIZED, Some("Wrong token."));
+                match self.check(given.as_bytes(), token, peer) {
+                    Access::Granted => {}
+                    Access::Refused => {
+                        return ui::login_page(StatusCode::UNAUTHORIZED, Some("Wrong token."));
+                    }
+                    Access::Throttled(wait) => {
+                        return throttled(
+                            ui::login_page(StatusCode::TOO_MANY_REQUESTS, Some(TOO_MANY)),
+                            wait,
+                        );
+                    }
                 }
                 let id = self.sessions.open();
                 let cookie = format!(
@@ -329,14 +368,14 @@ impl Admin {
         loop {
             tokio::select! {
                 accepted = listener.accept() => {
-                    let Ok((stream, _)) = accepted else {
+                    let Ok((stream, peer)) = accepted else {
                         tokio::time::sleep(Duration::from_millis(20)).await;
                         continue;
                     };
                     let admin = self.clone();
                     let service = service_fn(move |request: Request<Incoming>| {
                         let admin = admin.clone();
-                        async move { Ok::<_, Infallible>(admin.handle(request).await) }
+                        async move { Ok::<_, Infallible>(admin.handle(request, Some(peer.ip())).await) }
                     });
                     let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
                     tokio::spawn(async move {
@@ -367,53 +406,4 @@ where
     };
     let bytes = collected.to_bytes();
     std::str::from_utf8(&bytes).map_or_else(|_| Vec::new(), form::pairs)
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    use super::*;
-
-    fn to(host: Option<&str>, uri: &str) -> Request<()> {
-        let mut request = Request::builder().uri(uri);
-        if let Some(host) = host {
-            request = request.header(header::HOST, host);
-        }
-        request.body(()).unwrap()
-    }
-
-    #[test]
-    fn addressed_by_ip_or_localhost_only() {
-        for host in [
-            "127.0.0.1:9901",
-            "127.0.0.1",
-            "10.1.2.3:80",
-            "[::1]:9901",
-            "[::1]",
-            "localhost:9901",
-            "LocalHost",
-            "admin.localhost:9901",
-        ] {
-            assert!(addressed_directly(&to(Some(host), "/ui")), "{host}");
-        }
-        for host in [
-            "evil.example:9901",
-            "evil.example",
-            "localhost.evil.example",
-            "127.0.0.1.nip.io:9901",
-            "not a host",
-            "",
-        ] {
-            assert!(!addressed_directly(&to(Some(host), "/ui")), "{host:?}");
-        }
-        // No Host at all (HTTP/1.0): not a browser.
-        assert!(addressed_directly(&to(None, "/ui")));
-        // The URI's authority (HTTP/2, absolute form) wins over the header.
-        assert!(!addressed_directly(&to(
-            Some("127.0.0.1"),
-            "http://evil.example/ui"
-        )));
-        assert!(addressed_directly(&to(None, "http://127.0.0.1:9901/ui")));
-    }
 }

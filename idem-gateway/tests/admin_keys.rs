@@ -8,7 +8,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Fixture, Gateway, Http, config_with, eventually, metrics_recorder};
+use common::{Fixture, Gateway, Http, Reply, config_with, eventually, metrics_recorder};
 use http::Method;
 use idem_core::{ClaimRequest, Fingerprint, IdempotencyKey, RecordKey, Store};
 use idem_gateway::config::Overrides;
@@ -32,6 +32,17 @@ async fn metered_gateway(fixture: &Fixture) -> Gateway {
     Gateway::start_with_metrics(
         &config_with(fixture.addr, "", &Overrides::default()),
         Some(metrics_recorder()),
+    )
+    .await
+}
+
+/// `POST /ui/login` with `token` in the form.
+async fn log_in(http: &Http, admin: &str, token: &str) -> Reply {
+    http.send(
+        Method::POST,
+        &format!("{admin}/ui/login"),
+        &[("content-type", "application/x-www-form-urlencoded")],
+        format!("token={token}"),
     )
     .await
 }
@@ -304,6 +315,64 @@ async fn with_a_token_a_host_name_is_fine() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_wrong_tokens_and_the_token_is_not_checked_for_a_while() {
+    use idem_gateway::admin::access::MAX_FAILURES;
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config_with(fixture.addr, "", &with_token())).await;
+    let admin = gateway.admin.clone().unwrap();
+    let http = Http::new();
+    let keys = format!("{admin}/api/keys");
+    let right = format!("Bearer {TOKEN}");
+    // No token at all is not a guess: it is not counted.
+    for _ in 0..2 * MAX_FAILURES {
+        assert_eq!(http.send(Method::GET, &keys, &[], "").await.status, 401);
+    }
+    assert_eq!(
+        http.send(Method::GET, &keys, &[("authorization", right.as_str())], "")
+            .await
+            .status,
+        200
+    );
+    for i in 0..MAX_FAILURES {
+        let guess = format!("Bearer guess-{i}");
+        let reply = http
+            .send(Method::GET, &keys, &[("authorization", guess.as_str())], "")
+            .await;
+        assert_eq!(reply.status, 401, "guess {i}");
+    }
+    // Now even the right token waits, so a guess that happens to be right says nothing.
+    let reply = http
+        .send(Method::GET, &keys, &[("authorization", right.as_str())], "")
+        .await;
+    assert_eq!(reply.status, 429);
+    let retry_after: u64 = reply.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry_after), "{retry_after}");
+    let json: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+    assert!(
+        json["error"]
+            .as_str()
+            .unwrap()
+            .contains("too many wrong tokens")
+    );
+    let login = log_in(&http, &admin, TOKEN).await;
+    assert_eq!(login.status, 429);
+    assert!(login.header("set-cookie").is_none());
+    assert!(login.header("retry-after").is_some());
+    // Every request that carries a token waits, a probe's too.
+    assert_eq!(
+        http.send(
+            Method::GET,
+            &format!("{admin}/healthz"),
+            &[("authorization", right.as_str())],
+            ""
+        )
+        .await
+        .status,
+        429
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_needs_a_login_escapes_keys_and_deletes_only_with_its_csrf_token() {
     let fixture = Fixture::start();
     let gateway = Gateway::start(&config_with(fixture.addr, "", &with_token())).await;
@@ -328,26 +397,11 @@ async fn the_page_needs_a_login_escapes_keys_and_deletes_only_with_its_csrf_toke
     assert!(anonymous.text().contains("action=\"/ui/login\""));
     assert!(!anonymous.text().contains("id=\"x\""));
 
-    let form = [("content-type", "application/x-www-form-urlencoded")];
-    let wrong = http
-        .send(
-            Method::POST,
-            &format!("{admin}/ui/login"),
-            &form,
-            "token=nope",
-        )
-        .await;
+    let wrong = log_in(&http, &admin, "nope").await;
     assert_eq!(wrong.status, 401);
     assert!(wrong.header("set-cookie").is_none());
 
-    let login = http
-        .send(
-            Method::POST,
-            &format!("{admin}/ui/login"),
-            &form,
-            format!("token={TOKEN}"),
-        )
-        .await;
+    let login = log_in(&http, &admin, TOKEN).await;
     assert_eq!(login.status, 303);
     let set_cookie = login.header("set-cookie").unwrap().to_owned();
     assert!(set_cookie.contains("HttpOnly") && set_cookie.contains("SameSite=Strict"));

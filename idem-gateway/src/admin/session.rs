@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use idem_core::OwnerToken;
 
-use super::same;
+use super::access::same;
 
 /// The cookie that names a session.
 pub const COOKIE: &str = "idem_admin_session";

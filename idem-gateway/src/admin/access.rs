@@ -1,0 +1,249 @@
+//! Who may ask the admin listener: the Host guard of a listener without a token
+//! ([`addressed_directly`]), and the throttle on wrong tokens ([`Throttle`]).
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use http::Request;
+use http::header;
+
+/// Wrong tokens a peer may send within [`WINDOW`] before its tokens are no longer checked.
+pub const MAX_FAILURES: u32 = 10;
+/// The window [`MAX_FAILURES`] counts in.
+pub const WINDOW: Duration = Duration::from_secs(60);
+/// At most this many peers are remembered (those whose window ended go first).
+const MAX_PEERS: usize = 4096;
+
+/// Compares without stopping at the first difference.
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Whether `request` names this listener by an IP address or `localhost` (or names no host).
+///
+/// Without a token, that is what keeps a web page out of the key API and `/ui`: the page of a
+/// site the operator visits can point its own host name at 127.0.0.1 (DNS rebinding), and the
+/// browser then lets it read the admin listener's answers, `/ui`'s CSRF token included. Such a
+/// request always carries that host name; one addressed by IP cannot come from it.
+#[must_use]
+pub fn addressed_directly<B>(request: &Request<B>) -> bool {
+    let authority = match request.uri().authority() {
+        Some(authority) => Some(authority.clone()),
+        None => match request.headers().get(header::HOST) {
+            // A Host that is not an authority at all is not a name a page could have used.
+            Some(value) => match http::uri::Authority::try_from(value.as_bytes()) {
+                Ok(authority) => Some(authority),
+                Err(_) => return false,
+            },
+            None => None,
+        },
+    };
+    let Some(authority) = authority else {
+        return true;
+    };
+    let host = authority.host().to_ascii_lowercase();
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(&host);
+    bare.parse::<IpAddr>().is_ok() || host == "localhost" || host.ends_with(".localhost")
+}
+
+/// The peer a failure is counted against: its address, or its /64 network for IPv6 (one host
+/// commonly holds a whole /64). `None` when the address is not known.
+fn peer_of(address: Option<IpAddr>) -> Option<IpAddr> {
+    address.map(|ip| match ip {
+        IpAddr::V6(v6) if v6.to_ipv4_mapped().is_none() => {
+            IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into())
+        }
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        IpAddr::V4(_) => ip,
+    })
+}
+
+struct Failures {
+    count: u32,
+    since: Instant,
+}
+
+/// Wrong tokens by peer, in fixed windows: after [`MAX_FAILURES`] in one [`WINDOW`], the peer's
+/// requests that carry a token are answered 429 until the window ends, without the token being
+/// checked, so guessing it runs at ten tries a minute.
+#[derive(Default)]
+pub struct Throttle {
+    peers: Mutex<HashMap<Option<IpAddr>, Failures>>,
+}
+
+impl std::fmt::Debug for Throttle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        f.debug_struct("Throttle")
+            .field("peers", &peers.len())
+            .finish()
+    }
+}
+
+impl Throttle {
+    /// No failure counted yet.
+    #[must_use]
+    pub fn new() -> Self {
+        Throttle::default()
+    }
+
+    /// How long the peer at `address` must wait before a token of its is checked again, if it
+    /// must.
+    #[must_use]
+    pub fn wait(&self, address: Option<IpAddr>) -> Option<Duration> {
+        self.wait_at(address, Instant::now())
+    }
+
+    /// Counts a wrong token from the peer at `address`.
+    pub fn failed(&self, address: Option<IpAddr>) {
+        self.failed_at(address, Instant::now());
+    }
+
+    fn wait_at(&self, address: Option<IpAddr>, now: Instant) -> Option<Duration> {
+        let peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        let failures = peers.get(&peer_of(address))?;
+        let end = failures.since + WINDOW;
+        (failures.count >= MAX_FAILURES && end > now).then(|| end - now)
+    }
+
+    fn failed_at(&self, address: Option<IpAddr>, now: Instant) {
+        let peer = peer_of(address);
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        if peers.len() >= MAX_PEERS && !peers.contains_key(&peer) {
+            peers.retain(|_, failures| failures.since + WINDOW > now);
+            if peers.len() >= MAX_PEERS {
+                if let Some(oldest) = peers
+                    .iter()
+                    .min_by_key(|(_, failures)| failures.since)
+                    .map(|(peer, _)| *peer)
+                {
+                    peers.remove(&oldest);
+                }
+            }
+        }
+        let failures = peers.entry(peer).or_insert(Failures {
+            count: 0,
+            since: now,
+        });
+        if failures.since + WINDOW <= now {
+            *failures = Failures {
+                count: 0,
+                since: now,
+            };
+        }
+        failures.count = failures.count.saturating_add(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn to(host: Option<&str>, uri: &str) -> Request<()> {
+        let mut request = Request::builder().uri(uri);
+        if let Some(host) = host {
+            request = request.header(header::HOST, host);
+        }
+        request.body(()).unwrap()
+    }
+
+    #[test]
+    fn addressed_by_ip_or_localhost_only() {
+        for host in [
+            "127.0.0.1:9901",
+            "127.0.0.1",
+            "10.1.2.3:80",
+            "[::1]:9901",
+            "[::1]",
+            "localhost:9901",
+            "LocalHost",
+            "admin.localhost:9901",
+        ] {
+            assert!(addressed_directly(&to(Some(host), "/ui")), "{host}");
+        }
+        for host in [
+            "evil.example:9901",
+            "evil.example",
+            "localhost.evil.example",
+            "127.0.0.1.nip.io:9901",
+            "not a host",
+            "",
+        ] {
+            assert!(!addressed_directly(&to(Some(host), "/ui")), "{host:?}");
+        }
+        // No Host at all (HTTP/1.0): not a browser.
+        assert!(addressed_directly(&to(None, "/ui")));
+        // The URI's authority (HTTP/2, absolute form) wins over the header.
+        assert!(!addressed_directly(&to(
+            Some("127.0.0.1"),
+            "http://evil.example/ui"
+        )));
+        assert!(addressed_directly(&to(None, "http://127.0.0.1:9901/ui")));
+    }
+
+    #[test]
+    fn ten_wrong_tokens_a_minute_then_wait_for_the_window() {
+        let throttle = Throttle::new();
+        let a = Some(IpAddr::from([10, 0, 0, 1]));
+        let b = Some(IpAddr::from([10, 0, 0, 2]));
+        let start = Instant::now();
+        for _ in 0..MAX_FAILURES - 1 {
+            throttle.failed_at(a, start);
+        }
+        assert_eq!(throttle.wait_at(a, start), None);
+        throttle.failed_at(a, start);
+        let later = start + Duration::from_secs(20);
+        assert_eq!(
+            throttle.wait_at(a, later),
+            Some(WINDOW - Duration::from_secs(20))
+        );
+        // Another peer is not held back.
+        assert_eq!(throttle.wait_at(b, later), None);
+        // The window ends; the count starts over.
+        let next = start + WINDOW;
+        assert_eq!(throttle.wait_at(a, next), None);
+        throttle.failed_at(a, next);
+        assert_eq!(throttle.wait_at(a, next), None);
+    }
+
+    #[test]
+    fn an_ipv6_host_counts_as_its_64() {
+        let throttle = Throttle::new();
+        let start = Instant::now();
+        for i in 0..MAX_FAILURES {
+            let ip: IpAddr = format!("2001:db8:1:2::{:x}", i + 1).parse().unwrap();
+            throttle.failed_at(Some(ip), start);
+        }
+        let same_net: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
+        let other_net: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert!(throttle.wait_at(Some(same_net), start).is_some());
+        assert!(throttle.wait_at(Some(other_net), start).is_none());
+        // An IPv4-mapped address is its IPv4 address.
+        let mapped: IpAddr = "::ffff:10.0.0.7".parse().unwrap();
+        for _ in 0..MAX_FAILURES {
+            throttle.failed_at(Some(mapped), start);
+        }
+        assert!(
+            throttle
+                .wait_at(Some(IpAddr::from([10, 0, 0, 7])), start)
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn the_table_stays_bounded() {
+        let throttle = Throttle::new();
+        let start = Instant::now();
+        for i in 0..(MAX_PEERS as u32 + 10) {
+            throttle.failed_at(Some(IpAddr::from(i.to_be_bytes())), start);
+        }
+        assert!(throttle.peers.lock().unwrap().len() <= MAX_PEERS);
+    }
+}
