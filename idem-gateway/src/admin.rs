@@ -85,6 +85,15 @@ enum Access {
     Throttled(Duration),
 }
 
+/// A refusal: the key API's JSON error for `key_api`, plain text otherwise.
+fn refusal(key_api: bool, status: StatusCode, message: &str) -> Response<GatewayBody> {
+    if key_api {
+        api::error(status, message)
+    } else {
+        text(status, format!("{message}\n"))
+    }
+}
+
 /// `response` with `Retry-After` for `wait` (in whole seconds, at least 1).
 fn throttled(mut response: Response<GatewayBody>, wait: Duration) -> Response<GatewayBody> {
     let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
@@ -177,11 +186,7 @@ impl Admin {
                 path,
                 "admin: refused a request addressed by a host name, without a token"
             );
-            return if ui {
-                text(StatusCode::FORBIDDEN, format!("{NOT_DIRECT}\n"))
-            } else {
-                api::error(StatusCode::FORBIDDEN, NOT_DIRECT)
-            };
+            return refusal(key_api, StatusCode::FORBIDDEN, NOT_DIRECT);
         }
         if ui {
             return self.ui(request, peer).await;
@@ -189,14 +194,9 @@ impl Admin {
         match self.bearer(&request, peer) {
             Access::Granted => {}
             Access::Refused => return Self::unauthorized(),
-            Access::Throttled(wait) if key_api => {
-                return throttled(api::error(StatusCode::TOO_MANY_REQUESTS, TOO_MANY), wait);
-            }
             Access::Throttled(wait) => {
-                return throttled(
-                    text(StatusCode::TOO_MANY_REQUESTS, format!("{TOO_MANY}\n")),
-                    wait,
-                );
+                let refused = refusal(key_api, StatusCode::TOO_MANY_REQUESTS, TOO_MANY);
+                return throttled(refused, wait);
             }
         }
         if key_api {

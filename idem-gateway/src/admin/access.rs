@@ -55,10 +55,10 @@ pub fn addressed_directly<B>(request: &Request<B>) -> bool {
 /// commonly holds a whole /64). `None` when the address is not known.
 fn peer_of(address: Option<IpAddr>) -> Option<IpAddr> {
     address.map(|ip| match ip {
-        IpAddr::V6(v6) if v6.to_ipv4_mapped().is_none() => {
-            IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into())
-        }
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
+        },
         IpAddr::V4(_) => ip,
     })
 }
