@@ -204,6 +204,12 @@ async fn the_key_api_pages_filters_and_escapes_keys() {
         )
         .await;
     assert_eq!(bad.status, 400);
+    // A key that does not decode to text is a bad argument, not a missing page.
+    let undecodable = http
+        .send(Method::GET, &format!("{admin}/api/keys/%ff"), &[], "")
+        .await;
+    assert_eq!(undecodable.status, 400);
+    assert!(undecodable.text().contains("percent-encoded"));
     let old = http
         .send(
             Method::GET,

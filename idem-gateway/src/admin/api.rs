@@ -58,8 +58,14 @@ pub async fn handle(
         }
         return list(store, &params).await;
     }
-    let Some(key) = rest.strip_prefix('/').and_then(|k| form::decode(k, false)) else {
+    let Some(encoded) = rest.strip_prefix('/') else {
         return error(StatusCode::NOT_FOUND, "GET or DELETE /api/keys/KEY");
+    };
+    let Some(key) = form::decode(encoded, false) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "KEY: not a percent-encoded key (a key holds only printable ASCII)",
+        );
     };
     let key = match record_key(&key, form::value(&params, "scope").unwrap_or_default()) {
         Ok(key) => key,
