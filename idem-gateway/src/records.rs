@@ -3,7 +3,9 @@
 //! store itself or asks a running gateway's admin listener. Also the parsing of the key, scope
 //! and list filters that both paths share.
 
-use idem_core::{IdempotencyKey, Record, RecordKey, ScanQuery, Scope, State, Timestamp};
+use idem_core::{
+    IdempotencyKey, KeyError, MAX_KEY_LEN, Record, RecordKey, ScanQuery, Scope, State, Timestamp,
+};
 use serde_json::{Value, json};
 
 use crate::config::{ConfigError, HumanDuration};
@@ -77,8 +79,21 @@ pub fn record_key(key: &str, scope: &str) -> Result<RecordKey, ConfigError> {
     let key = IdempotencyKey::new(key)
         .map_err(|err| ConfigError::new(Some("KEY".to_owned()), err.to_string()))?;
     let scope = Scope::new(scope)
-        .map_err(|err| ConfigError::new(Some("--scope".to_owned()), err.to_string()))?;
+        .map_err(|err| ConfigError::new(Some("--scope".to_owned()), scope_error(&err)))?;
     Ok(RecordKey::new(scope, key))
+}
+
+/// The rule a scope breaks, in a scope's words ([`KeyError`] speaks of a key).
+fn scope_error(err: &KeyError) -> String {
+    match err {
+        KeyError::TooLong { len } => {
+            format!("the scope is {len} bytes long: a scope is at most {MAX_KEY_LEN} bytes")
+        }
+        KeyError::InvalidByte { byte, position } => format!(
+            "byte {position} of the scope is 0x{byte:02x}: a scope holds only printable ASCII (0x20 to 0x7e)"
+        ),
+        other => other.to_string(),
+    }
 }
 
 /// The scan of `keys list`: a state (`in_flight`, `completed`, `failed`), a minimum age (a
@@ -144,5 +159,12 @@ mod tests {
                 .contains("--older-than")
         );
         assert!(record_key("bad\u{1}", "").is_err());
+        let long = record_key("k", &"s".repeat(300)).unwrap_err().to_string();
+        assert!(
+            long.contains("--scope") && long.contains("the scope is 300 bytes long"),
+            "{long}"
+        );
+        let control = record_key("k", "a\u{7}").unwrap_err().to_string();
+        assert!(control.contains("byte 1 of the scope is 0x07"), "{control}");
     }
 }
