@@ -85,6 +85,15 @@ enum Access {
     Throttled(Duration),
 }
 
+/// The token of an `Authorization: Bearer TOKEN` value (the scheme is case-insensitive, RFC
+/// 9110 section 11.1); empty for any other value.
+fn bearer_token(value: &[u8]) -> &[u8] {
+    match value.split_at_checked(7) {
+        Some((scheme, token)) if scheme.eq_ignore_ascii_case(b"bearer ") => token.trim_ascii(),
+        _ => &[],
+    }
+}
+
 /// A refusal: the key API's JSON error for `key_api`, plain text otherwise.
 fn refusal(key_api: bool, status: StatusCode, message: &str) -> Response<GatewayBody> {
     if key_api {
@@ -135,11 +144,7 @@ impl Admin {
         let Some(given) = request.headers().get(header::AUTHORIZATION) else {
             return Access::Refused;
         };
-        let given = given
-            .as_bytes()
-            .strip_prefix(b"Bearer ")
-            .unwrap_or_default();
-        self.check(given, token, peer)
+        self.check(bearer_token(given.as_bytes()), token, peer)
     }
 
     /// Compares a token `given` by `peer` with the listener's, counting a wrong one.
@@ -406,4 +411,19 @@ where
     };
     let bytes = collected.to_bytes();
     std::str::from_utf8(&bytes).map_or_else(|_| Vec::new(), form::pairs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer_token;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer_token(b"Bearer abc"), b"abc");
+        assert_eq!(bearer_token(b"bearer abc"), b"abc");
+        assert_eq!(bearer_token(b"BEARER  abc "), b"abc");
+        assert_eq!(bearer_token(b"Basic abc"), b"");
+        assert_eq!(bearer_token(b"Bearer"), b"");
+        assert_eq!(bearer_token(b""), b"");
+    }
 }
