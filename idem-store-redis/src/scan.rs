@@ -8,7 +8,7 @@
 //! the whole scan is returned; one created or removed meanwhile may or may not be; a record is
 //! returned twice only if `SCAN` repeats its key (when the keyspace shrinks meanwhile).
 
-use idem_core::{Record, ScanPage, ScanQuery, StoreError};
+use idem_core::{Record, ScanPage, ScanQuery, State, StoreError};
 
 use crate::codec::decode_record;
 use crate::conn::Node;
@@ -86,7 +86,11 @@ pub(crate) async fn scan(store: &RedisStore, query: &ScanQuery) -> Result<ScanPa
     let mut conn = store.inner.conn.clone();
     let nodes = store.bounded("scan", conn.scan_nodes()).await?;
     let limit = query.page_size();
-    let count = limit.clamp(SCAN_COUNT.0, SCAN_COUNT.1);
+    // Keys asked of each SCAN: the page size at first; doubled (up to the most) after a batch
+    // in which fewer than an eighth matched, so a sparse filter (a few records in flight among
+    // millions completed) takes few round trips, while the keys a full page leaves over, which
+    // the cursor carries, stay about as few as a page (an eighth of 1,000).
+    let mut count = limit.clamp(SCAN_COUNT.0, SCAN_COUNT.1);
     let pattern = layout::scan_pattern(namespace);
     let mut records: Vec<Record> = Vec::with_capacity(limit);
 
@@ -124,6 +128,8 @@ pub(crate) async fn scan(store: &RedisStore, query: &ScanQuery) -> Result<ScanPa
             } else {
                 std::mem::take(&mut pending)
             };
+            let scanned = keys.len();
+            let keys = candidates(store, &mut conn, node, keys, query).await?;
             let batch = read_records(store, &mut conn, node, &keys).await?;
             let mut matching = keys.into_iter().zip(batch).filter_map(|(key, found)| {
                 found.and_then(|(record, now)| query.matches(&record, now).then_some((key, record)))
@@ -131,6 +137,10 @@ pub(crate) async fn scan(store: &RedisStore, query: &ScanQuery) -> Result<ScanPa
             let room = limit - records.len();
             records.extend(matching.by_ref().take(room).map(|(_, record)| record));
             let left: Vec<String> = matching.map(|(key, _)| key).collect();
+            let matched = records.len() - (limit - room) + left.len();
+            if matched.saturating_mul(8) < scanned {
+                count = count.saturating_mul(2).min(SCAN_COUNT.1);
+            }
             if records.len() == limit {
                 let next = if !left.is_empty() || scan_cursor.is_some() {
                     Some(Cursor {
@@ -156,6 +166,84 @@ pub(crate) async fn scan(store: &RedisStore, query: &ScanQuery) -> Result<ScanPa
         records,
         next_cursor: None,
     })
+}
+
+/// The keys among `keys` that may hold a record `query`'s filters keep. With a state or age
+/// filter, one pipeline reads the node's time and each key's meta field (an `HGET`, no script,
+/// so a key left out costs a few dozen bytes instead of a script run and its whole record);
+/// the keys whose meta says the record is gone (a tombstone, expired) or left out are dropped.
+/// Every other key, a match or a value the meta cannot judge (not a hash, no meta, garbled), is
+/// kept, in order, for [`read_records`], which reads and judges it as before.
+async fn candidates(
+    store: &RedisStore,
+    conn: &mut crate::conn::Conn,
+    node: &Node,
+    keys: Vec<String>,
+    query: &ScanQuery,
+) -> Result<Vec<String>, StoreError> {
+    if keys.is_empty() || (query.state.is_none() && query.min_age.is_none()) {
+        return Ok(keys);
+    }
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    pipe.cmd("TIME");
+    for key in &keys {
+        pipe.cmd("HGET").arg(key).arg("m");
+    }
+    let values = store
+        .bounded("scan", conn.pipeline_on(node, pipe, keys.len() + 1))
+        .await?;
+    let (Some(time), Some(metas)) = (values.first(), values.get(1..)) else {
+        return Ok(keys);
+    };
+    let Some(now) = server_time(time, store.offset_arg()) else {
+        return Ok(keys);
+    };
+    if metas.len() != keys.len() {
+        return Ok(keys);
+    }
+    let min_age = query
+        .min_age
+        .map_or(0, |age| u64::try_from(age.as_micros()).unwrap_or(u64::MAX));
+    Ok(keys
+        .into_iter()
+        .zip(metas)
+        .filter(|(_, meta)| !left_out(meta, now, query.state, min_age))
+        .map(|(key, _)| key)
+        .collect())
+}
+
+/// The reply of `TIME` as microseconds, plus the store's clock offset (tests move it).
+fn server_time(reply: &redis::Value, offset: i64) -> Option<u64> {
+    let (secs, micros): (u64, u64) = redis::from_redis_value_ref(reply).ok()?;
+    let now = secs.checked_mul(1_000_000)?.checked_add(micros)?;
+    now.checked_add_signed(offset)
+}
+
+/// Whether the meta field `value` shows a record `state` and `min_age` (microseconds) leave out,
+/// or none at all (a tombstone, or expired at `now`). Anything this cannot read is not left
+/// out: the record's read decides.
+fn left_out(value: &redis::Value, now: u64, state: Option<State>, min_age: u64) -> bool {
+    let redis::Value::BulkString(bytes) = value else {
+        return false;
+    };
+    // A tombstone (a freed key's fence memory) is no record; one with fence 0 is garbled.
+    if bytes.len() == crate::codec::META_BYTES && bytes.first() == Some(&b'-') {
+        return bytes
+            .get(6..13)
+            .is_some_and(|fence| crate::codec::be56(fence) >= 1);
+    }
+    // The checks of the scripts' `unmeta` too (a fence of 0 is garbled): what they would call
+    // corrupt must reach the read, which says so.
+    let Ok(meta) = crate::codec::Meta::parse(bytes) else {
+        return false;
+    };
+    if meta.fence < 1 {
+        return false;
+    }
+    now >= meta.expires
+        || state.is_some_and(|wanted| meta.state != wanted)
+        || now.saturating_sub(meta.created) < min_age
 }
 
 /// Reads the records at `keys` on `node` in one pipeline: each with the node's time, or
@@ -240,6 +328,66 @@ async fn read_records(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A meta field: state, codec '0', attempt 1, then fence, created, time, expires.
+    fn meta(state: u8, fence: u64, created: u64, expires: u64, owner: bool) -> redis::Value {
+        let mut out = vec![state, b'0'];
+        out.extend_from_slice(&1u32.to_be_bytes());
+        for n in [fence, created, created + 1, expires] {
+            out.extend_from_slice(&n.to_be_bytes()[1..]);
+        }
+        if owner {
+            out.extend_from_slice(&[9; 16]);
+        }
+        redis::Value::BulkString(out)
+    }
+
+    #[test]
+    fn the_meta_leaves_out_only_what_the_read_would_leave_out() {
+        let now = 1_000_000;
+        let in_flight = meta(b'i', 3, 400_000, 2_000_000, true);
+        let completed = meta(b'c', 3, 900_000, 2_000_000, false);
+        let wanted = Some(State::InFlight);
+        // The state filter, and the age filter (600,000 and 100,000 us old).
+        assert!(!left_out(&in_flight, now, wanted, 0));
+        assert!(left_out(&completed, now, wanted, 0));
+        assert!(!left_out(&in_flight, now, None, 500_000));
+        assert!(left_out(&completed, now, None, 500_000));
+        // Gone: expired, or a tombstone.
+        assert!(left_out(&meta(b'c', 3, 0, now, false), now, None, 1));
+        assert!(left_out(
+            &meta(b'-', 3, 0, 2_000_000, false),
+            now,
+            wanted,
+            0
+        ));
+        // What the read must judge (and report as corrupt) is kept.
+        for unreadable in [
+            meta(b'-', 0, 0, 2_000_000, false),
+            meta(b'i', 0, 400_000, 2_000_000, true),
+            meta(b'i', 3, 400_000, 2_000_000, false),
+            meta(b'x', 3, 400_000, 2_000_000, false),
+            redis::Value::BulkString(b"garbage".to_vec()),
+            redis::Value::Nil,
+            redis::Value::Int(7),
+        ] {
+            assert!(
+                !left_out(&unreadable, now, Some(State::Completed), 1),
+                "{unreadable:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_server_time_takes_the_offset() {
+        let reply = redis::Value::Array(vec![
+            redis::Value::BulkString(b"1700000000".to_vec()),
+            redis::Value::BulkString(b"250".to_vec()),
+        ]);
+        assert_eq!(server_time(&reply, 0), Some(1_700_000_000_000_250));
+        assert_eq!(server_time(&reply, -250), Some(1_700_000_000_000_000));
+        assert_eq!(server_time(&redis::Value::Nil, 0), None);
+    }
 
     #[test]
     fn cursors_round_trip() {
