@@ -4,7 +4,8 @@
 # executions (a unique key per request, bench/http/unique-keys.lua) and replays (one key,
 # bench/http/replay.lua). Prints requests per second and the ratio to --bare, and for Redis the
 # commands per request from INFO commandstats. The CPU columns are the fixture's own CPU time per
-# request, with the ratio bare/layer in parentheses (1.00 = no overhead).
+# request, with the ratio bare/layer in parentheses (1.00 = no overhead); the last line gives
+# the difference, the CPU the layer adds to each request.
 #
 #   bench/http.sh                 # memory store, and Redis if `--store redis://` is accepted
 #   DURATION=30s bench/http.sh    # longer runs
@@ -131,6 +132,8 @@ row() { # row <label> <prefix>
 }
 row "--bare" bare
 row "layer, memory store" memory
+# added <prefix> <kind>: the fixture's CPU per request with the layer minus without it, in us.
+added() { awk -v a="${result[${1}_${2}_cpu]}" -v b="${result[bare_${2}_cpu]}" 'BEGIN { printf "%.1f", a - b }'; }
 if $redis; then
     row "layer, Redis store" redis
     echo
@@ -140,3 +143,5 @@ else
     echo
     echo "(Redis not measured: no server at $REDIS_URL, or this idem-fixture has no Redis store)"
 fi
+echo
+echo "CPU the layer adds per request (layer minus --bare): memory store $(added memory unique) us per first execution, $(added memory replay) us per replay$($redis && echo "; Redis store $(added redis unique) us and $(added redis replay) us")"

@@ -1,7 +1,7 @@
 //! One shard: a map of records under one lock, with its incremental sweep.
 
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
 
 use idem_core::machine::{Step, Write};
 use idem_core::{Fence, Record, State, StoreError, Timestamp};
@@ -17,6 +17,12 @@ pub(crate) struct Shard {
     /// map and growing it move a few bytes, and a completion rewrites the record where the claim
     /// just wrote it (in cache) instead of in the map's slot.
     records: HashMap<HashedKey, Box<Record>, PassThroughState>,
+    /// The settled records in the order they were settled, named by key and fence: the
+    /// eviction order, so a full store evicts in O(1) instead of searching the shard for its
+    /// oldest record. An entry whose record has since gone or changed (another fence, in flight
+    /// again) is stale: eviction skips it, and the queue is compacted when stale entries could
+    /// outnumber the records.
+    settled: VecDeque<(HashedKey, Fence)>,
     writes_since_sweep: usize,
 }
 
@@ -66,7 +72,11 @@ impl Shard {
                     Write::Nothing => (step.answer, Delta::Same, None),
                     Write::Put(record) => {
                         let fence = record.fence;
+                        let settled = record.state != State::InFlight;
                         **slot.get_mut() = record;
+                        if settled {
+                            self.settled_now(key, fence);
+                        }
                         (step.answer, Delta::Same, Some(fence))
                     }
                     Write::Remove => {
@@ -83,7 +93,11 @@ impl Shard {
                             return Ok(Applied::Full);
                         }
                         let fence = record.fence;
+                        let settled = record.state != State::InFlight;
                         slot.insert(Box::new(record));
+                        if settled {
+                            self.settled_now(key, fence);
+                        }
                         (step.answer, Delta::Added, Some(fence))
                     }
                     Write::Nothing | Write::Remove => (step.answer, Delta::Same, None),
@@ -100,7 +114,43 @@ impl Shard {
 
     /// Stores `record` as it is; whether it added a record.
     pub(crate) fn put(&mut self, key: HashedKey, record: Record) -> bool {
-        self.records.insert(key, Box::new(record)).is_none()
+        let (fence, settled) = (record.fence, record.state != State::InFlight);
+        let added = self.records.insert(key.clone(), Box::new(record)).is_none();
+        if settled {
+            self.settled_now(&key, fence);
+        }
+        added
+    }
+
+    /// Entries in the eviction queue, stale ones included.
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> usize {
+        self.settled.len()
+    }
+
+    /// Queues the record just settled at `key` (with `fence`) for eviction.
+    fn settled_now(&mut self, key: &HashedKey, fence: Fence) {
+        self.settled.push_back((key.clone(), fence));
+        self.compact_if_stale();
+    }
+
+    /// Whether the queue entry `(key, fence)` still names a settled record.
+    fn live(&self, key: &HashedKey, fence: Fence) -> bool {
+        self.records
+            .get(key)
+            .is_some_and(|record| record.fence == fence && record.state != State::InFlight)
+    }
+
+    /// Drops the stale entries of the eviction queue once it holds more than twice as many
+    /// entries as the shard holds records (amortized: the queue has grown by about as many
+    /// entries as it keeps since the last time).
+    fn compact_if_stale(&mut self) {
+        if self.settled.len() <= 2 * self.records.len() + MIN_SWEEP_INTERVAL {
+            return;
+        }
+        let mut settled = std::mem::take(&mut self.settled);
+        settled.retain(|(key, fence)| self.live(key, *fence));
+        self.settled = settled;
     }
 
     /// Removes `key`; whether it was there.
@@ -117,27 +167,35 @@ impl Shard {
         self.sweep(now)
     }
 
+    /// Sweeps expired records if a quarter as many writes as the shard holds records happened
+    /// since the last sweep (what a full store tries before it evicts: often enough to find
+    /// what expired, rarely enough to stay O(1) per write); returns how many were removed.
+    pub(crate) fn sweep_if_due(&mut self, now: Timestamp) -> usize {
+        if self.writes_since_sweep < (self.records.len() / 4).max(1) {
+            return 0;
+        }
+        self.sweep(now)
+    }
+
     /// Removes every expired record; returns how many.
     pub(crate) fn sweep(&mut self, now: Timestamp) -> usize {
         self.writes_since_sweep = 0;
         let before = self.records.len();
         self.records.retain(|_, record| !record.is_expired(now));
+        self.compact_if_stale();
         before - self.records.len()
     }
 
-    /// Evicts the oldest settled record (completed or failed). Never an in-flight record, not
-    /// even one whose lease lapsed: its holder may still complete it. Returns whether one was
-    /// evicted.
+    /// Evicts the oldest settled record (completed or failed), in the order records settled.
+    /// Never an in-flight record, not even one whose lease lapsed: its holder may still complete
+    /// it. Returns whether one was evicted.
     pub(crate) fn evict_one(&mut self) -> bool {
-        let victim = self
-            .records
-            .iter()
-            .filter(|(_, record)| record.state != State::InFlight)
-            .min_by_key(|(_, record)| record.completed_at.unwrap_or(record.created_at))
-            .map(|(key, _)| key.clone());
-        match victim {
-            Some(key) => self.records.remove(&key).is_some(),
-            None => false,
+        while let Some((key, fence)) = self.settled.pop_front() {
+            if self.live(&key, fence) {
+                self.records.remove(&key);
+                return true;
+            }
         }
+        false
     }
 }

@@ -270,17 +270,26 @@ impl Inner {
                     .filter(move |&index| index != home),
             )
         };
+        // Each shard in turn: what expired, if a sweep is due (amortized O(1) per write), else
+        // its oldest settled record (O(1)).
+        for index in order() {
+            let mut shard = lock(&self.shards[index]);
+            let swept = shard.sweep_if_due(now);
+            if swept > 0 {
+                self.len.fetch_sub(swept - 1, Ordering::AcqRel);
+                return true;
+            }
+            if shard.evict_one() {
+                return true;
+            }
+        }
+        // No settled record anywhere: only in-flight records, of which expired ones (a lapsed
+        // lease, one more lease ago) may go. A full sweep of each shard, as a last resort.
         for index in order() {
             let mut shard = lock(&self.shards[index]);
             let swept = shard.sweep(now);
             if swept > 0 {
                 self.len.fetch_sub(swept - 1, Ordering::AcqRel);
-                return true;
-            }
-        }
-        for index in order() {
-            let mut shard = lock(&self.shards[index]);
-            if shard.evict_one() {
                 return true;
             }
         }
@@ -575,6 +584,67 @@ mod tests {
         assert!(store.len() < 1_000, "{} records left", store.len());
         store.purge_expired();
         assert_eq!(store.len(), 0);
+    }
+
+    /// The eviction queue (the settled records in settling order) skips what changed since: a
+    /// deleted record, and a key claimed again and settled again (its old entry names another
+    /// fence). It stays bounded however many records come and go.
+    #[tokio::test]
+    async fn eviction_follows_the_settling_order_and_its_queue_stays_bounded() {
+        // One shard, so "oldest" is one order.
+        let clock = ManualClock::new(Timestamp::from_micros(1_000_000));
+        let store = MemoryStore::builder()
+            .capacity(NonZeroUsize::new(4).unwrap())
+            .shards(NonZeroUsize::MIN)
+            .clock(clock.clone())
+            .build();
+        let settle = |key: &'static str| {
+            let store = store.clone();
+            async move {
+                let lease = acquire(&store, key).await;
+                store
+                    .complete(&lease, Bytes::new(), Duration::from_secs(3600))
+                    .await
+                    .unwrap();
+            }
+        };
+        for key in ["a", "b", "c", "d"] {
+            clock.advance(Duration::from_secs(1));
+            settle(key).await;
+        }
+        // "a" is deleted and settled again: now the newest. "b" is deleted for good.
+        assert!(store.delete(&request("a").key).await.unwrap());
+        assert!(store.delete(&request("b").key).await.unwrap());
+        settle("a").await;
+        settle("e").await;
+        // Full (a, c, d, e): the next two claims evict c, then d, in settling order.
+        settle("f").await;
+        settle("g").await;
+        let present = |key: &'static str| {
+            let store = store.clone();
+            async move { store.get(&request(key).key).await.unwrap().is_some() }
+        };
+        assert!(!present("c").await && !present("d").await);
+        assert!(present("a").await && present("e").await);
+        assert!(present("f").await && present("g").await);
+
+        // Churn: settle and delete many keys; the queues keep few stale entries.
+        for i in 0..10_000 {
+            let key = format!("churn-{i}");
+            let lease = acquire(&store, &key).await;
+            store
+                .complete(&lease, Bytes::new(), Duration::from_secs(3600))
+                .await
+                .unwrap();
+            assert!(store.delete(&lease.key).await.unwrap());
+        }
+        let queued: usize = store
+            .inner
+            .shards
+            .iter()
+            .map(|shard| lock(shard).queued())
+            .sum();
+        assert!(queued <= 2 * 4 + 64 + 1, "{queued} entries queued");
     }
 
     #[tokio::test]
