@@ -27,8 +27,9 @@
 //!
 //! # Bounds
 //! [`MemoryStoreBuilder::capacity`] caps the number of records. When the store is full, a new
-//! claim first reclaims expired records, then evicts settled records (completed or failed),
-//! oldest first within a shard. An in-flight record is never evicted, not even one whose lease
+//! claim first reclaims expired records (when a sweep of its shard is due), then evicts settled
+//! records (completed or failed), oldest first within a shard, in the order they settled: O(1)
+//! per claim, however large the capacity. An in-flight record is never evicted, not even one whose lease
 //! lapsed (its holder may still complete it; it expires one lease after its lease ends): a
 //! store full of in-flight records answers [`StoreError::Capacity`], a retryable error.
 //! Evicting a settled record means a late retry of that key runs again: size the capacity for

@@ -23,6 +23,9 @@ pub(crate) struct Shard {
     /// again) is stale: eviction skips it, and the queue is compacted when stale entries could
     /// outnumber the records.
     settled: VecDeque<(HashedKey, Fence)>,
+    /// Whether the store has a capacity, so [`Shard::settled`] is kept (a store without one
+    /// never evicts, and its writes skip the queue).
+    evicts: bool,
     writes_since_sweep: usize,
 }
 
@@ -48,6 +51,14 @@ pub(crate) enum Applied<T> {
 }
 
 impl Shard {
+    /// An empty shard; `evicts` when the store has a capacity.
+    pub(crate) fn new(evicts: bool) -> Self {
+        Shard {
+            evicts,
+            ..Shard::default()
+        }
+    }
+
     pub(crate) fn get(&self, key: &HashedKey) -> Option<&Record> {
         self.records.get(key).map(|record| &**record)
     }
@@ -130,6 +141,9 @@ impl Shard {
 
     /// Queues the record just settled at `key` (with `fence`) for eviction.
     fn settled_now(&mut self, key: &HashedKey, fence: Fence) {
+        if !self.evicts {
+            return;
+        }
         self.settled.push_back((key.clone(), fence));
         self.compact_if_stale();
     }

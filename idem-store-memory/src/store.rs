@@ -97,7 +97,7 @@ impl MemoryStoreBuilder {
     #[must_use]
     pub fn build(self) -> MemoryStore {
         let shards = (0..self.shards.get())
-            .map(|_| Mutex::new(Shard::default()))
+            .map(|_| Mutex::new(Shard::new(self.capacity.is_some())))
             .collect();
         MemoryStore {
             inner: Arc::new(Inner {
