@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The idem gateway against nginx, in front of the same upstream (idem-fixture --bare), in one
 # run: the upstream direct, nginx proxy_pass (keep-alive pool), `idem serve` on the memory store
-# and on Redis, and `idem serve` with idempotency off (the proxy alone). wrk -t2 -c64 for 10 s,
+# and on Redis, `idem serve` with idempotency off (the proxy alone), and on a full memory store
+# (a capacity of 20,000 that the warm-up fills, so every claim evicts). wrk -t2 -c64 for 10 s,
 # POST /echo with a unique Idempotency-Key per request (bench/http/unique-keys.lua: every
 # request a first execution) and with one key (bench/http/replay.lua: every request after the
 # first a replay). Prints requests per second and p99 latency, with their ratios to nginx, as a
@@ -102,6 +103,9 @@ start_idem memory memory
 # The proxy alone: every request through a route with `enabled = false`.
 printf '[idempotency]\nenabled = false\n' >"$work/plain.toml"
 start_idem plain memory --config "$work/plain.toml"
+# The memory store full: a capacity the warm-up run fills, so every measured claim evicts.
+printf '[store]\nmemory_capacity = 20000\n' >"$work/full.toml"
+start_idem full memory --config "$work/full.toml"
 redis=false
 if [ -n "$REDIS_URL" ] && redis-cli -u "$REDIS_URL" ping >/dev/null 2>&1; then
     start_idem redis "$REDIS_URL"
@@ -142,7 +146,7 @@ measure() {
 }
 
 declare -A rps p99 errs cpu
-targets=(direct nginx plain memory)
+targets=(direct nginx plain memory full)
 addr_direct=$upstream
 addr_nginx=$nginx_addr
 pid_direct=${pids[0]}
@@ -170,6 +174,7 @@ label() {
     nginx) echo "nginx proxy_pass" ;;
     plain) echo "idem serve, idempotency off (the proxy alone)" ;;
     memory) echo "idem serve, memory store" ;;
+    full) echo "idem serve, memory store full (capacity 20,000: every claim evicts)" ;;
     redis) echo "idem serve, Redis store" ;;
     esac
 }
