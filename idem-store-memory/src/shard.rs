@@ -50,6 +50,12 @@ pub(crate) enum Applied<T> {
     Full,
 }
 
+/// What a write of `record` leaves behind for the eviction queue: its fence, and whether it
+/// is settled.
+fn written(record: &Record) -> (Fence, bool) {
+    (record.fence, record.state != State::InFlight)
+}
+
 impl Shard {
     /// An empty shard; `evicts` when the store has a capacity.
     pub(crate) fn new(evicts: bool) -> Self {
@@ -76,19 +82,15 @@ impl Shard {
         decide: impl FnOnce(Option<&Record>) -> Result<Step<T>, StoreError>,
         reserve: impl FnOnce() -> bool,
     ) -> Result<Applied<T>, StoreError> {
-        let (answer, delta, written_fence) = match self.records.entry(key.clone()) {
+        let (answer, delta, written) = match self.records.entry(key.clone()) {
             Entry::Occupied(mut slot) => {
                 let step = decide(Some(&**slot.get()))?;
                 match step.write {
                     Write::Nothing => (step.answer, Delta::Same, None),
                     Write::Put(record) => {
-                        let fence = record.fence;
-                        let settled = record.state != State::InFlight;
+                        let written = written(&record);
                         **slot.get_mut() = record;
-                        if settled {
-                            self.settled_now(key, fence);
-                        }
-                        (step.answer, Delta::Same, Some(fence))
+                        (step.answer, Delta::Same, Some(written))
                     }
                     Write::Remove => {
                         slot.remove();
@@ -103,31 +105,30 @@ impl Shard {
                         if !reserve() {
                             return Ok(Applied::Full);
                         }
-                        let fence = record.fence;
-                        let settled = record.state != State::InFlight;
+                        let written = written(&record);
                         slot.insert(Box::new(record));
-                        if settled {
-                            self.settled_now(key, fence);
-                        }
-                        (step.answer, Delta::Added, Some(fence))
+                        (step.answer, Delta::Added, Some(written))
                     }
                     Write::Nothing | Write::Remove => (step.answer, Delta::Same, None),
                 }
             }
         };
         self.writes_since_sweep += 1;
+        if let Some((fence, true)) = written {
+            self.settled_now(key, fence);
+        }
         Ok(Applied::Done {
             answer,
             delta,
-            written_fence,
+            written_fence: written.map(|(fence, _)| fence),
         })
     }
 
     /// Stores `record` as it is; whether it added a record.
     pub(crate) fn put(&mut self, key: HashedKey, record: Record) -> bool {
-        let (fence, settled) = (record.fence, record.state != State::InFlight);
+        let written = written(&record);
         let added = self.records.insert(key.clone(), Box::new(record)).is_none();
-        if settled {
+        if let (fence, true) = written {
             self.settled_now(&key, fence);
         }
         added
