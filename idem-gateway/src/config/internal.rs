@@ -321,16 +321,25 @@ fn positive(
     Ok(value)
 }
 
-fn nonzero(
-    value: u64,
+/// A size setting of a section (at least 1 byte), or `inherited` when the section sets none.
+fn size(
+    value: Option<&Spanned<ByteSize>>,
     what: &str,
+    inherited: NonZeroUsize,
     origin: &Origin,
-    at: Option<usize>,
 ) -> Result<NonZeroUsize, ConfigError> {
-    usize::try_from(value)
+    let Some(value) = value else {
+        return Ok(inherited);
+    };
+    usize::try_from(value.get_ref().0)
         .ok()
         .and_then(NonZeroUsize::new)
-        .ok_or_else(|| origin.error_at(at, format!("{what} must be at least 1 byte")))
+        .ok_or_else(|| {
+            origin.error_at(
+                Some(value.span().start),
+                format!("{what} must be at least 1 byte"),
+            )
+        })
 }
 
 fn header_names(
@@ -431,24 +440,18 @@ fn settings(
         Some(HumanDuration(d)) => Some(d),
         None => parent.wait,
     };
-    let request_body_limit = match &section.request_body_limit {
-        Some(limit) => nonzero(
-            limit.get_ref().0,
-            "request_body_limit",
-            origin,
-            Some(limit.span().start),
-        )?,
-        None => parent.request_body_limit,
-    };
-    let storage_cap = match &section.storage_cap {
-        Some(cap) => nonzero(
-            cap.get_ref().0,
-            "storage_cap",
-            origin,
-            Some(cap.span().start),
-        )?,
-        None => parent.storage_cap,
-    };
+    let request_body_limit = size(
+        section.request_body_limit.as_ref(),
+        "request_body_limit",
+        parent.request_body_limit,
+        origin,
+    )?;
+    let storage_cap = size(
+        section.storage_cap.as_ref(),
+        "storage_cap",
+        parent.storage_cap,
+        origin,
+    )?;
     let allow_headers = match &section.allow_headers {
         Some(names) => header_names(names.get_ref(), true, origin, Some(names.span().start))?,
         None => parent.allow_headers.clone(),
