@@ -8,7 +8,7 @@
 //! the whole scan is returned; one created or removed meanwhile may or may not be; a record is
 //! returned twice only if `SCAN` repeats its key (when the keyspace shrinks meanwhile).
 
-use idem_core::{Record, ScanPage, ScanQuery, State, StoreError};
+use idem_core::{Record, ScanPage, ScanQuery, State, StoreError, duration_micros};
 
 use crate::codec::decode_record;
 use crate::conn::Node;
@@ -202,9 +202,7 @@ async fn candidates(
     if metas.len() != keys.len() {
         return Ok(keys);
     }
-    let min_age = query
-        .min_age
-        .map_or(0, |age| u64::try_from(age.as_micros()).unwrap_or(u64::MAX));
+    let min_age = query.min_age.map_or(0, duration_micros);
     Ok(keys
         .into_iter()
         .zip(metas)
