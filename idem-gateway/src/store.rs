@@ -22,6 +22,7 @@ pub async fn open(config: &StoreConfig) -> Result<Arc<dyn Store>, Failure> {
         StoreSpec::Memory => Ok(Arc::new(
             MemoryStore::builder()
                 .capacity(config.memory_capacity)
+                .max_bytes(config.memory_max_bytes)
                 .build(),
         )),
         #[cfg(feature = "redis")]

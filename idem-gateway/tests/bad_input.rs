@@ -204,6 +204,25 @@ fn settings_checked_together() {
         &idem(&["check-config", path(&bad)]),
         &["workers.toml:4:11", "workers must be at least 1"],
     );
+    let bad = file(
+        "budget.toml",
+        "[upstream]\nurl = \"http://h:1\"\n[store]\nmemory_max_bytes = \"0MiB\"\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&bad)]),
+        &[
+            "budget.toml:4:20",
+            "memory_max_bytes must be at least 1 byte",
+        ],
+    );
+    let bad = file(
+        "budget-unit.toml",
+        "[upstream]\nurl = \"http://h:1\"\n[store]\nmemory_max_bytes = \"1 TB\"\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&bad)]),
+        &["budget-unit.toml:4:20", "invalid size"],
+    );
 }
 
 #[test]

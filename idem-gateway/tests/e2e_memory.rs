@@ -216,6 +216,83 @@ async fn a_large_response_is_streamed_whole_and_replayed() {
     assert_eq!(fixture.count().await, 1);
 }
 
+/// A body of `len` printable bytes that do not compress (a stored response keeps its size).
+fn incompressible(len: usize, seed: u64) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            char::from(ALPHABET[usize::try_from(state % 64).unwrap()])
+        })
+        .collect()
+}
+
+/// `[store] memory_max_bytes` is read from the config, and the memory store's byte budget
+/// bounds what large responses hold: old records are evicted oldest first (their retry runs
+/// again, as after their retention), the newest are replayed, and a response larger than a
+/// shard's share is replayed without its body. Nothing runs twice while it is stored, and
+/// nothing answers 5xx.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_byte_budget_bounds_large_responses() {
+    let fixture = Fixture::start();
+    let config = config(fixture.addr, "[store]\nmemory_max_bytes = \"1MiB\"\n");
+    assert_eq!(config.store.memory_max_bytes.get(), 1 << 20);
+    // 16 shards of 64 KiB: each holds one record of a 40,000-byte response.
+    let store = idem_store_memory::MemoryStore::builder()
+        .shards(std::num::NonZeroUsize::new(16).unwrap())
+        .max_bytes(config.store.memory_max_bytes)
+        .build();
+    let gateway = Gateway::start_on(&config, store, None).await;
+    let http = Http::new();
+    let url = gateway.url("/echo");
+    let keys = 64;
+    for i in 0..keys {
+        let body = incompressible(40_000, i);
+        let first = http.post_key(&url, &format!("big-{i}"), &body).await;
+        assert_eq!((first.status, first.body.len()), (201, 40_000), "key {i}");
+        // At once, every key is replayed: its record is the newest of its shard.
+        let replay = http.post_key(&url, &format!("big-{i}"), &body).await;
+        assert!(replay.replayed(), "key {i}");
+        assert_eq!(replay.body, first.body);
+    }
+    assert_eq!(fixture.count().await, keys);
+    assert!(
+        gateway.store.bytes() <= 1 << 20,
+        "{} bytes",
+        gateway.store.bytes()
+    );
+    assert!(gateway.store.len() <= 16, "{} records", gateway.store.len());
+    // The last key is still stored; most older ones were evicted and run again.
+    let last = incompressible(40_000, keys - 1);
+    let replay = http
+        .post_key(&url, &format!("big-{}", keys - 1), &last)
+        .await;
+    assert!(replay.replayed());
+    assert_eq!(fixture.count().await, keys);
+    for i in 0..keys {
+        let body = incompressible(40_000, i);
+        let retry = http.post_key(&url, &format!("big-{i}"), &body).await;
+        assert_eq!(retry.status, 201);
+    }
+    assert!(fixture.count().await > keys + keys / 2);
+
+    // A response over a shard's share (64 KiB) is stored without its body: the retry gets the
+    // status and headers, says so, and the upstream does not run again.
+    let body = incompressible(100_000, 7);
+    let first = http.post_key(&url, "huge", &body).await;
+    assert_eq!((first.status, first.body.len()), (201, 100_000));
+    let before = fixture.count().await;
+    let replay = http.post_key(&url, "huge", &body).await;
+    assert_eq!(replay.status, 201);
+    assert!(replay.replayed());
+    assert_eq!(replay.header("idempotency-replay"), Some("omitted"));
+    assert!(replay.body.is_empty());
+    assert_eq!(fixture.count().await, before);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_down_is_502_and_releases_the_key() {
     let upstream = free_addr();

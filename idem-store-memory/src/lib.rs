@@ -35,6 +35,15 @@
 //! Evicting a settled record means a late retry of that key runs again: size the capacity for
 //! the retention you need.
 //!
+//! [`MemoryStoreBuilder::max_bytes`] caps the bytes the records hold (each record's key, result
+//! and failure message, plus a fixed overhead), so large results cannot outgrow the machine's
+//! memory before a record count is reached. Each shard keeps to its share of the budget: a
+//! write that would take its shard over it first evicts the shard's settled records, oldest
+//! first, and never an in-flight one; a result larger than the share is refused with
+//! [`StoreError::TooLarge`] (the HTTP layer then keeps the status and headers without the
+//! body), and a write that only evicting in-flight records could make room for is refused
+//! with [`StoreError::Capacity`].
+//!
 //! # Expiry
 //! Expired records are treated as absent at once, and reclaimed by an incremental sweep: each
 //! shard sweeps itself after as many writes as it holds records (amortised O(1) per write), so

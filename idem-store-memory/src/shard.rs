@@ -1,10 +1,11 @@
-//! One shard: a map of records under one lock, with its incremental sweep.
+//! One shard: a map of records under one lock, with its incremental sweep, its eviction queue
+//! and its byte budget.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 
 use idem_core::machine::{Step, Write};
-use idem_core::{Fence, Record, State, StoreError, Timestamp};
+use idem_core::{Bytes, Fence, Record, State, StoreError, Timestamp};
 
 use crate::hashed::{HashedKey, PassThroughState};
 
@@ -23,10 +24,38 @@ pub(crate) struct Shard {
     /// again) is stale: eviction skips it, and the queue is compacted when stale entries could
     /// outnumber the records.
     settled: VecDeque<(HashedKey, Fence)>,
-    /// Whether the store has a capacity, so [`Shard::settled`] is kept (a store without one
-    /// never evicts, and its writes skip the queue).
+    /// Whether the store has a capacity or a byte budget, so [`Shard::settled`] is kept (a
+    /// store without either never evicts, and its writes skip the queue).
     evicts: bool,
+    /// The most bytes ([`charge`]) this shard's records may hold, if the store has a budget.
+    budget: Option<usize>,
+    /// The bytes its records hold, by [`charge`]; kept only when there is a budget.
+    bytes: usize,
+    /// Records evicted for the budget and not yet reported to the store's count.
+    evicted: usize,
     writes_since_sweep: usize,
+}
+
+/// What a record costs beyond its variable parts: the record, its box, its slot in the map (key,
+/// pointer and a control byte), its entry in the eviction queue, and the headers of the two
+/// `Arc<str>` of its key.
+const RECORD_OVERHEAD: usize = size_of::<Record>()
+    + size_of::<(HashedKey, Box<Record>)>()
+    + 1
+    + size_of::<(HashedKey, Fence)>()
+    + 4 * size_of::<usize>();
+
+/// The bytes a record is charged against a byte budget: its key, its result and its failure
+/// message, plus [`RECORD_OVERHEAD`]. The allocator's own overhead is not counted.
+pub(crate) fn charge(record: &Record) -> usize {
+    RECORD_OVERHEAD
+        + record.key.scope.as_str().len()
+        + record.key.key.as_str().len()
+        + record.result.as_ref().map_or(0, Bytes::len)
+        + record
+            .failure
+            .as_ref()
+            .map_or(0, |failure| failure.message.len())
 }
 
 /// What a transition did to the number of records.
@@ -57,11 +86,32 @@ fn written(record: &Record) -> (Fence, bool) {
 }
 
 impl Shard {
-    /// An empty shard; `evicts` when the store has a capacity.
-    pub(crate) fn new(evicts: bool) -> Self {
+    /// An empty shard; `capacity` when the store has a capacity (so it may evict), `budget` the
+    /// bytes its records may hold.
+    pub(crate) fn new(capacity: bool, budget: Option<usize>) -> Self {
         Shard {
-            evicts,
+            evicts: capacity || budget.is_some(),
+            budget,
             ..Shard::default()
+        }
+    }
+
+    /// The bytes its records hold, by [`charge`] (0 without a budget).
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// How many records were evicted for the byte budget since the last call.
+    pub(crate) fn take_evicted(&mut self) -> usize {
+        std::mem::take(&mut self.evicted)
+    }
+
+    /// `record`'s charge, where there is a budget to charge it to.
+    fn charge(&self, record: &Record) -> usize {
+        if self.budget.is_some() {
+            charge(record)
+        } else {
+            0
         }
     }
 
@@ -74,14 +124,39 @@ impl Shard {
     }
 
     /// Runs one transition on `key`: `decide` sees the record (or `None`), and its write is
-    /// applied in place. The key is hashed once. A write that adds a record first takes a slot
-    /// with `reserve`; if that fails nothing is written and the answer is [`Applied::Full`].
+    /// applied in place. A write that adds a record first takes a slot with `reserve`; if that
+    /// fails nothing is written and the answer is [`Applied::Full`]. Under a byte budget, a
+    /// write that grows the shard past it first evicts settled records, oldest first; a record
+    /// larger than the whole budget is refused with [`StoreError::TooLarge`], and a write that
+    /// no eviction can make room for (the rest is in flight) with [`StoreError::Capacity`].
     pub(crate) fn transition<T>(
         &mut self,
         key: &HashedKey,
         decide: impl FnOnce(Option<&Record>) -> Result<Step<T>, StoreError>,
         reserve: impl FnOnce() -> bool,
     ) -> Result<Applied<T>, StoreError> {
+        let Some(budget) = self.budget else {
+            return self.apply(key, decide, reserve);
+        };
+        // Decide on the record as it is, make room for what the write adds (never by evicting
+        // this key's record, so the decision stays right), then apply the decided step.
+        let existing = self.get(key);
+        let charged = existing.map_or(0, charge);
+        let step = decide(existing)?;
+        if let Write::Put(record) = &step.write {
+            self.make_room_for(key, charge(record), charged, budget)?;
+        }
+        self.apply(key, |_| Ok(step), reserve)
+    }
+
+    /// Applies the write `decide` makes of the record at `key`, hashing and probing once.
+    fn apply<T>(
+        &mut self,
+        key: &HashedKey,
+        decide: impl FnOnce(Option<&Record>) -> Result<Step<T>, StoreError>,
+        reserve: impl FnOnce() -> bool,
+    ) -> Result<Applied<T>, StoreError> {
+        let budgeted = self.budget.is_some();
         let (answer, delta, written) = match self.records.entry(key.clone()) {
             Entry::Occupied(mut slot) => {
                 let step = decide(Some(&**slot.get()))?;
@@ -89,11 +164,17 @@ impl Shard {
                     Write::Nothing => (step.answer, Delta::Same, None),
                     Write::Put(record) => {
                         let written = written(&record);
+                        if budgeted {
+                            self.bytes = self.bytes - charge(slot.get()) + charge(&record);
+                        }
                         **slot.get_mut() = record;
                         (step.answer, Delta::Same, Some(written))
                     }
                     Write::Remove => {
-                        slot.remove();
+                        let record = slot.remove();
+                        if budgeted {
+                            self.bytes -= charge(&record);
+                        }
                         (step.answer, Delta::Removed, None)
                     }
                 }
@@ -106,6 +187,9 @@ impl Shard {
                             return Ok(Applied::Full);
                         }
                         let written = written(&record);
+                        if budgeted {
+                            self.bytes += charge(&record);
+                        }
                         slot.insert(Box::new(record));
                         (step.answer, Delta::Added, Some(written))
                     }
@@ -124,10 +208,44 @@ impl Shard {
         })
     }
 
+    /// Evicts settled records, oldest first and never `key`'s, until a write that replaces a
+    /// record charged `charged` with one of `size` bytes fits in `budget`.
+    fn make_room_for(
+        &mut self,
+        key: &HashedKey,
+        size: usize,
+        charged: usize,
+        budget: usize,
+    ) -> Result<(), StoreError> {
+        if size > budget {
+            return Err(StoreError::TooLarge {
+                size,
+                limit: budget,
+            });
+        }
+        while self.bytes - charged + size > budget {
+            if !self.evict_oldest(Some(key)) {
+                return Err(StoreError::Capacity {
+                    limit: self.records.len(),
+                });
+            }
+            self.evicted += 1;
+        }
+        Ok(())
+    }
+
     /// Stores `record` as it is; whether it added a record.
     pub(crate) fn put(&mut self, key: HashedKey, record: Record) -> bool {
         let written = written(&record);
-        let added = self.records.insert(key.clone(), Box::new(record)).is_none();
+        self.bytes += self.charge(&record);
+        let replaced = self.records.insert(key.clone(), Box::new(record));
+        let added = match replaced {
+            Some(old) => {
+                self.bytes -= self.charge(&old);
+                false
+            }
+            None => true,
+        };
         if let (fence, true) = written {
             self.settled_now(&key, fence);
         }
@@ -170,7 +288,13 @@ impl Shard {
 
     /// Removes `key`; whether it was there.
     pub(crate) fn remove(&mut self, key: &HashedKey) -> bool {
-        self.records.remove(key).is_some()
+        match self.records.remove(key) {
+            Some(record) => {
+                self.bytes -= self.charge(&record);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Sweeps expired records if enough writes happened since the last sweep; returns how many
@@ -196,7 +320,15 @@ impl Shard {
     pub(crate) fn sweep(&mut self, now: Timestamp) -> usize {
         self.writes_since_sweep = 0;
         let before = self.records.len();
-        self.records.retain(|_, record| !record.is_expired(now));
+        let budgeted = self.budget.is_some();
+        let bytes = &mut self.bytes;
+        self.records.retain(|_, record| {
+            let expired = record.is_expired(now);
+            if expired && budgeted {
+                *bytes -= charge(record);
+            }
+            !expired
+        });
         self.compact_if_stale();
         before - self.records.len()
     }
@@ -205,9 +337,15 @@ impl Shard {
     /// Never an in-flight record, not even one whose lease lapsed: its holder may still complete
     /// it. Returns whether one was evicted.
     pub(crate) fn evict_one(&mut self) -> bool {
+        self.evict_oldest(None)
+    }
+
+    /// [`Shard::evict_one`], passing over `except`'s record (its queue entry is dropped: the
+    /// write about to replace that record queues it again if it stays settled).
+    fn evict_oldest(&mut self, except: Option<&HashedKey>) -> bool {
         while let Some((key, fence)) = self.settled.pop_front() {
-            if self.live(&key, fence) {
-                self.records.remove(&key);
+            if except != Some(&key) && self.live(&key, fence) {
+                self.remove(&key);
                 return true;
             }
         }

@@ -45,6 +45,7 @@ struct Inner {
 pub struct MemoryStoreBuilder {
     shards: NonZeroUsize,
     capacity: Option<NonZeroUsize>,
+    max_bytes: Option<NonZeroUsize>,
     clock: Arc<dyn Clock>,
     policy: LeasePolicy,
 }
@@ -54,6 +55,7 @@ impl Default for MemoryStoreBuilder {
         MemoryStoreBuilder {
             shards: NonZeroUsize::new(default_shards()).unwrap_or(NonZeroUsize::MIN),
             capacity: None,
+            max_bytes: None,
             clock: Arc::new(SystemClock),
             policy: LeasePolicy::Lenient,
         }
@@ -80,6 +82,16 @@ impl MemoryStoreBuilder {
         self
     }
 
+    /// The most bytes the records may hold (default: unbounded), counted as each record's key,
+    /// result and failure message plus a fixed overhead per record (the allocator's own overhead
+    /// is not counted). Each shard holds at most its share, `max_bytes / shards`: a result
+    /// larger than that is refused with [`StoreError::TooLarge`]. See the [crate docs](crate)
+    /// for what happens when the budget is spent.
+    pub fn max_bytes(mut self, max_bytes: NonZeroUsize) -> Self {
+        self.max_bytes = Some(max_bytes);
+        self
+    }
+
     /// The clock (default: [`SystemClock`]). Tests pass a [`idem_core::ManualClock`].
     pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
         self.clock = Arc::new(clock);
@@ -96,8 +108,11 @@ impl MemoryStoreBuilder {
     /// The store.
     #[must_use]
     pub fn build(self) -> MemoryStore {
+        let budget = self
+            .max_bytes
+            .map(|max| (max.get() / self.shards.get()).max(1));
         let shards = (0..self.shards.get())
-            .map(|_| Mutex::new(Shard::new(self.capacity.is_some())))
+            .map(|_| Mutex::new(Shard::new(self.capacity.is_some(), budget)))
             .collect();
         MemoryStore {
             inner: Arc::new(Inner {
@@ -136,6 +151,17 @@ impl MemoryStore {
     #[must_use]
     pub fn len(&self) -> usize {
         self.inner.len.load(Ordering::Acquire)
+    }
+
+    /// The bytes the records hold, as [`MemoryStoreBuilder::max_bytes`] counts them (0 for a
+    /// store without a byte budget, which does not count them).
+    #[must_use]
+    pub fn bytes(&self) -> usize {
+        self.inner
+            .shards
+            .iter()
+            .map(|shard| lock(shard).bytes())
+            .sum()
     }
 
     /// Whether the store holds no record.
@@ -191,6 +217,10 @@ impl MemoryStore {
                     |existing| decide(existing, now),
                     || std::mem::take(&mut held) || inner.reserve(),
                 );
+                let evicted = shard.take_evicted();
+                if evicted > 0 {
+                    inner.len.fetch_sub(evicted, Ordering::AcqRel);
+                }
                 match applied {
                     Err(error) => break Err(error),
                     Ok(Applied::Done {
@@ -645,6 +675,181 @@ mod tests {
             .map(|shard| lock(shard).queued())
             .sum();
         assert!(queued <= 2 * 4 + 64 + 1, "{queued} entries queued");
+    }
+
+    /// A store with a byte budget and one shard, on a manual clock.
+    fn budgeted(max_bytes: usize) -> (MemoryStore, ManualClock) {
+        let clock = ManualClock::new(Timestamp::from_micros(1_000_000));
+        let store = MemoryStore::builder()
+            .max_bytes(NonZeroUsize::new(max_bytes).unwrap())
+            .shards(NonZeroUsize::MIN)
+            .clock(clock.clone())
+            .build();
+        (store, clock)
+    }
+
+    /// Completes `lease` with a result of `len` bytes, kept an hour.
+    async fn settle(store: &MemoryStore, lease: &Lease, len: usize) {
+        store
+            .complete(lease, Bytes::from(vec![7; len]), Duration::from_secs(3600))
+            .await
+            .unwrap();
+    }
+
+    /// What a completed record of `key` with a result of `len` bytes is charged.
+    async fn charged(key: &str, len: usize) -> usize {
+        let (store, _clock) = budgeted(usize::MAX);
+        let lease = acquire(&store, key).await;
+        settle(&store, &lease, len).await;
+        store.bytes()
+    }
+
+    #[tokio::test]
+    async fn a_byte_budget_evicts_the_oldest_settled_records_to_fit_a_result() {
+        // Room for three completed records of 1,000 bytes and one in flight, not four
+        // completed.
+        let (store, clock) = budgeted(3 * charged("k0", 1_000).await + 500);
+        for i in 0..3 {
+            clock.advance(Duration::from_secs(1));
+            let lease = acquire(&store, &format!("k{i}")).await;
+            settle(&store, &lease, 1_000).await;
+        }
+        assert_eq!(store.bytes(), 3 * charged("k0", 1_000).await);
+        // The fourth claim fits beside them (an in-flight record is small); its result does
+        // not, and evicts the oldest.
+        let lease = acquire(&store, "k3").await;
+        assert_eq!(store.len(), 4);
+        settle(&store, &lease, 1_000).await;
+        assert!(store.get(&request("k0").key).await.unwrap().is_none());
+        for key in ["k1", "k2", "k3"] {
+            assert!(
+                store.get(&request(key).key).await.unwrap().is_some(),
+                "{key}"
+            );
+        }
+        assert_eq!(store.len(), 3);
+        assert_eq!(store.bytes(), 3 * charged("k0", 1_000).await);
+        // A result over the whole budget is refused, and the record stays in flight.
+        let lease = acquire(&store, "huge").await;
+        let err = store
+            .complete(
+                &lease,
+                Bytes::from(vec![0; 10_000]),
+                Duration::from_secs(3600),
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::TooLarge { .. }), "{err}");
+        assert!(!err.is_retryable());
+        let record = store.get(&request("huge").key).await.unwrap().unwrap();
+        assert_eq!(record.state, State::InFlight);
+    }
+
+    #[tokio::test]
+    async fn a_byte_budget_never_evicts_an_in_flight_record_but_evicts_a_settled_one() {
+        // Room for one completed record of 1,000 bytes.
+        let (store, _clock) = budgeted(charged("a", 1_000).await + 10);
+        let a = acquire(&store, "a").await;
+        let b = acquire(&store, "b").await;
+        // "a"'s result needs the room "b" holds in flight: nothing may be evicted.
+        let err = store
+            .complete(&a, Bytes::from(vec![0; 1_000]), Duration::from_secs(3600))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Capacity { .. }), "{err}");
+        assert!(err.is_retryable());
+        // Once "b" is released, "a" completes; a new claim then evicts "a", which is settled.
+        store.release(&b).await.unwrap();
+        settle(&store, &a, 1_000).await;
+        acquire(&store, "b").await;
+        assert!(store.get(&request("a").key).await.unwrap().is_none());
+        assert_eq!(store.len(), 1);
+    }
+
+    /// Many tasks claiming the same keys on a store whose budget holds a few dozen results: the
+    /// store stays within its budget, evicts only settled records (every holder's completion is
+    /// taken), and its count of records and bytes ends exact.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_claims_keep_a_byte_budget() {
+        let result = 2_000;
+        let max_bytes = 40 * charged("k", result).await;
+        let store = MemoryStore::builder()
+            .max_bytes(NonZeroUsize::new(max_bytes).unwrap())
+            .shards(NonZeroUsize::new(4).unwrap())
+            .build();
+        let executions = Arc::new(AtomicU64::new(0));
+        let tasks: Vec<_> = (0..8)
+            .map(|task| {
+                let store = store.clone();
+                let executions = executions.clone();
+                tokio::spawn(async move {
+                    for i in 0..1_000 {
+                        // Four tasks share each key, at their own pace.
+                        let key = format!("k{}-{i}", task % 2);
+                        match store.claim(&request(&key)).await.unwrap() {
+                            ClaimOutcome::Acquired { lease, .. } => {
+                                executions.fetch_add(1, Ordering::Relaxed);
+                                if i % 7 == 0 {
+                                    tokio::task::yield_now().await;
+                                }
+                                settle(&store, &lease, result).await;
+                            }
+                            ClaimOutcome::Completed(record) => {
+                                assert_eq!(record.result.map(|r| r.len()), Some(result));
+                            }
+                            ClaimOutcome::InFlight { .. } => {}
+                            other => panic!("{other:?}"),
+                        }
+                        assert!(store.bytes() <= max_bytes);
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        // Every key ran at least once; evicted keys may have run again.
+        assert!(executions.load(Ordering::Relaxed) >= 2_000);
+        assert!(store.len() <= 40, "{} records", store.len());
+        for task in 0..2 {
+            for i in 0..1_000 {
+                store
+                    .delete(&request(&format!("k{task}-{i}")).key)
+                    .await
+                    .unwrap();
+            }
+        }
+        assert_eq!((store.len(), store.bytes()), (0, 0));
+    }
+
+    /// The bytes counted follow every way a record goes: replaced, released, deleted, swept.
+    #[tokio::test]
+    async fn a_byte_budget_counts_every_record_that_comes_and_goes() {
+        let (store, clock) = budgeted(1 << 30);
+        for i in 0..100 {
+            let lease = acquire(&store, &format!("k{i}")).await;
+            match i % 4 {
+                0 => store.release(&lease).await.unwrap(),
+                1 => store
+                    .complete(&lease, Bytes::from(vec![0; i]), Duration::from_secs(60))
+                    .await
+                    .unwrap(),
+                2 => store
+                    .fail(&lease, Failure::permanent("no"), Duration::from_secs(60))
+                    .await
+                    .unwrap(),
+                _ => {}
+            }
+        }
+        assert!(store.bytes() > 0);
+        for i in (0..100).step_by(3) {
+            store.delete(&request(&format!("k{i}")).key).await.unwrap();
+        }
+        clock.advance(Duration::from_secs(3600));
+        store.purge_expired();
+        assert_eq!((store.len(), store.bytes()), (0, 0));
+        // Without a budget nothing is counted.
+        assert_eq!(MemoryStore::new().bytes(), 0);
     }
 
     #[tokio::test]

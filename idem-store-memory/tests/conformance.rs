@@ -45,3 +45,23 @@ async fn harness() -> Option<MemoryHarness> {
 }
 
 idem_testkit::store_conformance!(harness);
+
+/// The same contract on a bounded store: a capacity and a byte budget, both far above what the
+/// clauses write, so bounding changes no answer.
+mod bounded {
+    use std::num::NonZeroUsize;
+
+    use super::*;
+
+    async fn harness() -> Option<MemoryHarness> {
+        let clock = ManualClock::new(Timestamp::from_micros(1_700_000_000_000_000));
+        let store = MemoryStore::builder()
+            .capacity(NonZeroUsize::new(1_000_000).unwrap())
+            .max_bytes(NonZeroUsize::new(1 << 30).unwrap())
+            .clock(clock.clone())
+            .build();
+        Some(MemoryHarness { store, clock })
+    }
+
+    idem_testkit::store_conformance!(harness);
+}

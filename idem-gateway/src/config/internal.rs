@@ -44,6 +44,8 @@ pub mod defaults {
     pub const NAMESPACE: &str = "idem";
     /// `[store] memory_capacity`.
     pub const MEMORY_CAPACITY: usize = 1_000_000;
+    /// `[store] memory_max_bytes`: 1 GiB.
+    pub const MEMORY_MAX_BYTES: usize = 1 << 30;
     /// `[admin] listen`.
     pub const ADMIN_LISTEN: SocketAddr =
         SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 9901);
@@ -143,6 +145,8 @@ pub struct StoreConfig {
     pub namespace: String,
     /// The memory store's capacity, in records.
     pub memory_capacity: NonZeroUsize,
+    /// The memory store's byte budget.
+    pub memory_max_bytes: NonZeroUsize,
 }
 
 /// The admin listener.
@@ -650,10 +654,17 @@ impl Config {
             })?,
             None => NonZeroUsize::new(defaults::MEMORY_CAPACITY).unwrap_or(NonZeroUsize::MIN),
         };
+        let memory_max_bytes = size(
+            store.memory_max_bytes.as_ref(),
+            "memory_max_bytes",
+            NonZeroUsize::new(defaults::MEMORY_MAX_BYTES).unwrap_or(NonZeroUsize::MIN),
+            origin,
+        )?;
         let store = StoreConfig {
             spec: store_spec.or(store.url).unwrap_or(StoreSpec::Memory),
             namespace,
             memory_capacity,
+            memory_max_bytes,
         };
 
         let token = match (&overrides.admin_token, &admin.token) {

@@ -75,6 +75,8 @@ pub struct StoreSection {
     pub namespace: Option<Spanned<String>>,
     /// The memory store's most records.
     pub memory_capacity: Option<Spanned<usize>>,
+    /// The most bytes the memory store's records hold.
+    pub memory_max_bytes: Option<Spanned<ByteSize>>,
 }
 
 /// `[admin]`.

@@ -288,7 +288,16 @@ impl Gateway {
 
     /// With the admin listener's `/metrics` rendered by `metrics`.
     pub async fn start_with_metrics(config: &Config, metrics: Option<RenderMetrics>) -> Gateway {
-        let store = Arc::new(MemoryStore::new());
+        Gateway::start_on(config, MemoryStore::new(), metrics).await
+    }
+
+    /// Over `store`.
+    pub async fn start_on(
+        config: &Config,
+        store: MemoryStore,
+        metrics: Option<RenderMetrics>,
+    ) -> Gateway {
+        let store = Arc::new(store);
         let dyn_store: Arc<dyn Store> = store.clone();
         let running = start_with_store(config, dyn_store, metrics, std::future::pending())
             .await
