@@ -15,11 +15,14 @@
 #   bench/soak.sh
 #   DURATION=2m bench/soak.sh
 #   CAPACITY=50000 CONNECTIONS=64 bench/soak.sh
+#   CAPACITY=1000000 MAX_BYTES=64MiB bench/soak.sh   # bounded by the byte budget instead
 #
 # The memory store's capacity ([store] memory_capacity) bounds the records, in flight or not;
 # when it is full a new claim evicts the oldest settled record. It answers a claim with a store
 # error (503) only when every record is in flight, which this load (at most CONNECTIONS +
 # 3 x CONFLICT_WORKERS requests at once, far below CAPACITY) never reaches: a 503 fails the run.
+# MAX_BYTES sets its byte budget ([store] memory_max_bytes; the gateway's default, 1GiB, when
+# unset), which evicts the same way when the records' bytes reach it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -29,6 +32,7 @@ CONNECTIONS=${CONNECTIONS:-32}
 CONFLICT_WORKERS=${CONFLICT_WORKERS:-4}
 CAPACITY=${CAPACITY:-10000}
 LARGE=${LARGE:-65536}
+MAX_BYTES=${MAX_BYTES:-}
 SAMPLE=${SAMPLE:-5s}
 WARMUP=${WARMUP:-20}
 
@@ -49,10 +53,13 @@ upstream_pid=$!
 pids+=("$upstream_pid")
 upstream=$(wait_line "$work/fixture.out" "")
 
+budget=""
+if [ -n "$MAX_BYTES" ]; then budget="memory_max_bytes = \"$MAX_BYTES\""; fi
 cat >"$work/idem.toml" <<TOML
 [store]
 url = "memory"
 memory_capacity = $CAPACITY
+$budget
 TOML
 RUST_LOG=warn "$idem" serve --config "$work/idem.toml" --upstream "http://$upstream" \
     --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 >"$work/gateway.log" 2>&1 &
@@ -64,14 +71,15 @@ if [ "$(cat "/proc/$gateway/comm")" != idem ]; then
     exit 2
 fi
 
-echo "soak: $DURATION through $addr (memory store, capacity $CAPACITY), resident memory every $SAMPLE" >&2
+bound="capacity $CAPACITY${MAX_BYTES:+, max bytes $MAX_BYTES}"
+echo "soak: $DURATION through $addr (memory store, $bound), resident memory every $SAMPLE" >&2
 status=0
 "$load" soak --addr "$addr" --fixture "$upstream" --pid "$gateway" --duration "$DURATION" \
     --connections "$CONNECTIONS" --conflict-workers "$CONFLICT_WORKERS" --sample "$SAMPLE" \
     --warmup "$WARMUP" --large-bytes "$LARGE" >"$work/report" || status=$?
 
 echo
-echo "idem serve on the memory store (memory_capacity $CAPACITY), idem-load soak -c $CONNECTIONS + $CONFLICT_WORKERS conflict workers, $DURATION, large bodies $LARGE bytes; $(nproc) cores shared, $(date -u +%Y-%m-%d)"
+echo "idem serve on the memory store ($bound), idem-load soak -c $CONNECTIONS + $CONFLICT_WORKERS conflict workers, $DURATION, large bodies $LARGE bytes; $(nproc) cores shared, $(date -u +%Y-%m-%d)"
 echo
 cat "$work/report"
 for p in "$upstream_pid" "$gateway"; do
