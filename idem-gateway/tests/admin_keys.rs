@@ -520,3 +520,35 @@ async fn metrics_show_in_flight_records_whose_lease_lapsed() {
     assert!(page.text().contains("idem_duplicates_replayed_total"));
     assert!(page.text().contains("lapsed"));
 }
+
+/// Evictions by the memory store's bounds reach `/metrics`, by the bound that evicted: a
+/// retry of an evicted key runs again, which an operator has to see.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_the_memory_stores_evictions() {
+    let fixture = Fixture::start();
+    let config = config_with(fixture.addr, "", &Overrides::default());
+    let store = idem_store_memory::MemoryStore::builder()
+        .capacity(std::num::NonZeroUsize::new(4).unwrap())
+        .build();
+    let gateway = Gateway::start_on(&config, store, Some(metrics_recorder())).await;
+    let admin = gateway.admin.clone().unwrap();
+    let http = Http::new();
+    for i in 0..10 {
+        let reply = http
+            .post_key(&gateway.url("/echo"), &format!("evicted-{i}"), "x")
+            .await;
+        assert_eq!(reply.status, 201);
+    }
+    assert_eq!(gateway.store.evicted(), 6);
+    let text = http
+        .send(Method::GET, &format!("{admin}/metrics"), &[], "")
+        .await
+        .text();
+    let line = text
+        .lines()
+        .find(|line| line.starts_with("idem_memory_store_evictions_total{bound=\"capacity\"}"))
+        .unwrap_or_else(|| panic!("no eviction counter in:\n{text}"));
+    let count: f64 = line.rsplit_once(' ').unwrap().1.parse().unwrap();
+    // Other tests of this process may have evicted too: at least these six.
+    assert!(count >= 6.0, "{line}");
+}

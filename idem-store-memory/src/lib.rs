@@ -44,6 +44,10 @@
 //! body), and a write that only evicting in-flight records could make room for is refused
 //! with [`StoreError::Capacity`].
 //!
+//! Every eviction is counted: [`MemoryStore::evicted`], and the [`EVICTIONS`] counter of the
+//! `metrics` facade (labelled by the bound that evicted), since an evicted key's retry runs
+//! again.
+//!
 //! # Expiry
 //! Expired records are treated as absent at once, and reclaimed by an incremental sweep: each
 //! shard sweeps itself after as many writes as it holds records (amortised O(1) per write), so
@@ -53,7 +57,7 @@ mod hashed;
 mod shard;
 mod store;
 
-pub use store::{MemoryStore, MemoryStoreBuilder};
+pub use store::{EVICTIONS, MemoryStore, MemoryStoreBuilder};
 
 #[doc(no_inline)]
 pub use idem_core::StoreError;

@@ -16,6 +16,11 @@ use idem_core::{
 use crate::hashed::HashedKey;
 use crate::shard::{Applied, Delta, Shard};
 
+/// Records evicted before their retention to keep a bound, counter; label `bound`: `capacity`
+/// ([`MemoryStoreBuilder::capacity`]) or `bytes` ([`MemoryStoreBuilder::max_bytes`]). A retry
+/// of an evicted key runs again: a rising count means the bound is too small for the retention.
+pub const EVICTIONS: &str = "idem_memory_store_evictions_total";
+
 /// The embedded in-memory store. Cheap to clone: clones share the records.
 ///
 /// See the [crate docs](crate) for bounds and expiry.
@@ -37,6 +42,8 @@ struct Inner {
     last_fence: AtomicU64,
     /// Where the next make-room pass starts, so eviction spreads over the shards.
     evict_cursor: AtomicUsize,
+    /// Records evicted so far, for either bound.
+    evicted: AtomicU64,
 }
 
 /// Builds a [`MemoryStore`]. Made by [`MemoryStore::builder`].
@@ -124,6 +131,7 @@ impl MemoryStoreBuilder {
                 len: AtomicUsize::new(0),
                 last_fence: AtomicU64::new(0),
                 evict_cursor: AtomicUsize::new(0),
+                evicted: AtomicU64::new(0),
             }),
         }
     }
@@ -162,6 +170,13 @@ impl MemoryStore {
             .iter()
             .map(|shard| lock(shard).bytes())
             .sum()
+    }
+
+    /// How many records were evicted before their retention to keep the capacity or the byte
+    /// budget (also counted as the [`EVICTIONS`] metric).
+    #[must_use]
+    pub fn evicted(&self) -> u64 {
+        self.inner.evicted.load(Ordering::Relaxed)
     }
 
     /// Whether the store holds no record.
@@ -220,6 +235,7 @@ impl MemoryStore {
                 let evicted = shard.take_evicted();
                 if evicted > 0 {
                     inner.len.fetch_sub(evicted, Ordering::AcqRel);
+                    inner.count_evictions(evicted, "bytes");
                 }
                 match applied {
                     Err(error) => break Err(error),
@@ -258,6 +274,13 @@ impl MemoryStore {
 }
 
 impl Inner {
+    /// Counts `n` records evicted to keep `bound` (`capacity` or `bytes`).
+    fn count_evictions(&self, n: usize, bound: &'static str) {
+        let n = u64::try_from(n).unwrap_or(u64::MAX);
+        self.evicted.fetch_add(n, Ordering::Relaxed);
+        metrics::counter!(EVICTIONS, "bound" => bound).increment(n);
+    }
+
     /// The shard of `key`, and the key with its hash for the shard's map.
     fn shard(&self, key: &RecordKey) -> (&Mutex<Shard>, HashedKey) {
         let hashed = HashedKey {
@@ -310,6 +333,7 @@ impl Inner {
                 return true;
             }
             if shard.evict_one() {
+                self.count_evictions(1, "capacity");
                 return true;
             }
         }
@@ -516,9 +540,10 @@ mod tests {
                 .unwrap();
             assert!(store.len() <= 8);
         }
-        // The newest results survive; the oldest were evicted.
+        // The newest results survive; the oldest were evicted, and counted.
         assert!(store.get(&request("k99").key).await.unwrap().is_some());
         assert!(store.get(&request("k0").key).await.unwrap().is_none());
+        assert_eq!(store.evicted(), 92);
     }
 
     /// Concurrent claims on a full store take turns evicting: the slot one claim freed must
@@ -721,6 +746,7 @@ mod tests {
         assert_eq!(store.len(), 4);
         settle(&store, &lease, 1_000).await;
         assert!(store.get(&request("k0").key).await.unwrap().is_none());
+        assert_eq!(store.evicted(), 1);
         for key in ["k1", "k2", "k3"] {
             assert!(
                 store.get(&request(key).key).await.unwrap().is_some(),
