@@ -106,8 +106,8 @@ impl Shard {
         std::mem::take(&mut self.evicted)
     }
 
-    /// `record`'s charge, where there is a budget to charge it to.
-    fn charge(&self, record: &Record) -> usize {
+    /// `record`'s charge, where there is a budget to charge it to (0 otherwise).
+    fn budgeted_charge(&self, record: &Record) -> usize {
         if self.budget.is_some() {
             charge(record)
         } else {
@@ -237,11 +237,11 @@ impl Shard {
     /// Stores `record` as it is; whether it added a record.
     pub(crate) fn put(&mut self, key: HashedKey, record: Record) -> bool {
         let written = written(&record);
-        self.bytes += self.charge(&record);
+        self.bytes += self.budgeted_charge(&record);
         let replaced = self.records.insert(key.clone(), Box::new(record));
         let added = match replaced {
             Some(old) => {
-                self.bytes -= self.charge(&old);
+                self.bytes -= self.budgeted_charge(&old);
                 false
             }
             None => true,
@@ -290,7 +290,7 @@ impl Shard {
     pub(crate) fn remove(&mut self, key: &HashedKey) -> bool {
         match self.records.remove(key) {
             Some(record) => {
-                self.bytes -= self.charge(&record);
+                self.bytes -= self.budgeted_charge(&record);
                 true
             }
             None => false,
