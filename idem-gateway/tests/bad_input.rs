@@ -223,6 +223,17 @@ fn settings_checked_together() {
         &idem(&["check-config", path(&bad)]),
         &["budget-unit.toml:4:20", "invalid size"],
     );
+    let bad = file(
+        "small-budget.toml",
+        "[upstream]\nurl = \"http://h:1\"\n[store]\nmemory_max_bytes = \"64KiB\"\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&bad)]),
+        &[
+            "small-budget.toml:4:20",
+            "memory_max_bytes must be at least 1MiB",
+        ],
+    );
 }
 
 #[test]

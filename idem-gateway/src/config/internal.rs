@@ -46,6 +46,10 @@ pub mod defaults {
     pub const MEMORY_CAPACITY: usize = 1_000_000;
     /// `[store] memory_max_bytes`: 1 GiB.
     pub const MEMORY_MAX_BYTES: usize = 1 << 30;
+    /// The smallest `[store] memory_max_bytes`: 1 MiB. Less would leave a shard's share too
+    /// small for more than a few records (each is charged about 340 bytes before its key and
+    /// response), and a share smaller than one record refuses every claim.
+    pub const MIN_MEMORY_MAX_BYTES: usize = 1 << 20;
     /// `[admin] listen`.
     pub const ADMIN_LISTEN: SocketAddr =
         SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 9901);
@@ -660,6 +664,10 @@ impl Config {
             NonZeroUsize::new(defaults::MEMORY_MAX_BYTES).unwrap_or(NonZeroUsize::MIN),
             origin,
         )?;
+        if memory_max_bytes.get() < defaults::MIN_MEMORY_MAX_BYTES {
+            let at = store.memory_max_bytes.as_ref().map(|v| v.span().start);
+            return Err(origin.error_at(at, "memory_max_bytes must be at least 1MiB"));
+        }
         let store = StoreConfig {
             spec: store_spec.or(store.url).unwrap_or(StoreSpec::Memory),
             namespace,
