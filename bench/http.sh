@@ -9,6 +9,7 @@
 #
 #   bench/http.sh                 # memory store, and Redis if `--store redis://` is accepted
 #   DURATION=30s bench/http.sh    # longer runs
+#   STEADY=100000 bench/http.sh   # the bound of the steady-size memory store row (default 20000)
 #   REDIS_URL=redis://127.0.0.1:6379 bench/http.sh   # use that server instead of a private one
 #
 # Redis: unless REDIS_URL is set, the script starts a private redis-server on a free port (no
@@ -93,6 +94,13 @@ run_case bare_unique unique-keys.lua --bare
 run_case bare_replay replay.lua --bare
 run_case memory_unique unique-keys.lua --store memory
 run_case memory_replay replay.lua --store memory
+# The memory store at its steady size: bounded to STEADY records, which the warm-up fills, so
+# every measured claim evicts the oldest settled record instead of growing the store (a store
+# with a retention in a long-lived process stops growing too; an unbounded one in a 10 s run
+# spends part of each first execution on fresh memory and maps that double).
+STEADY=${STEADY:-20000}
+run_case steady_unique unique-keys.lua --store memory --memory-capacity "$STEADY"
+run_case steady_replay replay.lua --store memory --memory-capacity "$STEADY"
 
 redis=false
 if redis-cli -u "$REDIS_URL" ping >/dev/null 2>&1 && start --store "$REDIS_URL" 2>/dev/null; then
@@ -132,6 +140,7 @@ row() { # row <label> <prefix>
 }
 row "--bare" bare
 row "layer, memory store" memory
+row "layer, memory store at its steady size ($STEADY records, every claim evicts)" steady
 # added <prefix> <kind>: the fixture's CPU per request with the layer minus without it, in us.
 added() { awk -v a="${result[${1}_${2}_cpu]}" -v b="${result[bare_${2}_cpu]}" 'BEGIN { printf "%.1f", a - b }'; }
 if $redis; then
@@ -144,4 +153,4 @@ else
     echo "(Redis not measured: no server at $REDIS_URL, or this idem-fixture has no Redis store)"
 fi
 echo
-echo "CPU the layer adds per request (layer minus --bare): memory store $(added memory unique) us per first execution, $(added memory replay) us per replay$($redis && echo "; Redis store $(added redis unique) us and $(added redis replay) us")"
+echo "CPU the layer adds per request (layer minus --bare): memory store $(added memory unique) us per first execution ($(added steady unique) us at its steady size), $(added memory replay) us per replay$($redis && echo "; Redis store $(added redis unique) us and $(added redis replay) us")"

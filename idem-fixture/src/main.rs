@@ -2,7 +2,8 @@
 //! behind the idempotency layer (or not, with `--bare`), for black-box tests and benchmarks.
 //!
 //! ```text
-//! idem-fixture [--listen ADDR] [--store URL] [--retention-ms N] [--lease-ms N] [--bare]
+//! idem-fixture [--listen ADDR] [--store URL] [--retention-ms N] [--lease-ms N]
+//!              [--memory-capacity N] [--bare]
 //! ```
 //!
 //! - `--listen ADDR`: where to listen (default `127.0.0.1:0`; port 0 picks a free port). The
@@ -13,6 +14,9 @@
 //!   exits with an error if the store cannot be reached at start.
 //! - `--retention-ms N`: how long a response is kept (default 86400000, 24 h).
 //! - `--lease-ms N`: the lease of a claim (default 30000); the heartbeat runs every third of it.
+//! - `--memory-capacity N`: bound the memory store to N records (default: unbounded). Once it
+//!   is full every claim evicts the oldest settled record: the store at its steady size, as
+//!   one with a retention runs in a long-lived process (`bench/http.sh` measures both).
 //! - `--bare`: no layer (the baseline of the benchmarks).
 //!
 //! Routes: every POST but `/reset` is behind the layer and requires a key.
@@ -28,6 +32,7 @@
 //! | `POST /reset` | 204, counter set to 0 |
 
 use std::io::Write as _;
+use std::num::NonZeroUsize;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,7 +51,7 @@ use idem_http::{Config, IdempotencyLayer};
 const MAX_LARGE: usize = 256 * 1024 * 1024;
 const MAX_SLOW_MS: u64 = 600_000;
 
-const USAGE: &str = "usage: idem-fixture [--listen ADDR] [--store memory|redis://HOST:PORT|postgres://USER@HOST/DB|redb:PATH] [--retention-ms N] [--lease-ms N] [--bare]";
+const USAGE: &str = "usage: idem-fixture [--listen ADDR] [--store memory|redis://HOST:PORT|postgres://USER@HOST/DB|redb:PATH] [--retention-ms N] [--lease-ms N] [--memory-capacity N] [--bare]";
 
 /// The command line.
 #[derive(Debug)]
@@ -55,6 +60,7 @@ struct Args {
     store: String,
     retention: Duration,
     lease: Duration,
+    memory_capacity: Option<NonZeroUsize>,
     bare: bool,
 }
 
@@ -64,6 +70,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         store: "memory".to_owned(),
         retention: Duration::from_secs(24 * 60 * 60),
         lease: Duration::from_secs(30),
+        memory_capacity: None,
         bare: false,
     };
     while let Some(flag) = args.next() {
@@ -84,6 +91,13 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                 parsed.retention = millis("--retention-ms", value("--retention-ms")?)?
             }
             "--lease-ms" => parsed.lease = millis("--lease-ms", value("--lease-ms")?)?,
+            "--memory-capacity" => {
+                let text = value("--memory-capacity")?;
+                let capacity = text.parse::<NonZeroUsize>().map_err(|_| {
+                    format!("--memory-capacity takes a positive number of records, not {text:?}")
+                })?;
+                parsed.memory_capacity = Some(capacity);
+            }
             "--bare" => parsed.bare = true,
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
@@ -208,7 +222,14 @@ async fn reset(State(counter): State<Counter>) -> StatusCode {
 
 /// The layer for `args`, or why it cannot be built.
 async fn layer(args: &Args) -> Result<IdempotencyLayer, String> {
-    let (store, label) = open_store(&args.store).await?;
+    let (store, label) = match args.memory_capacity {
+        Some(capacity) if args.store == "memory" => {
+            let store = idem::MemoryStore::builder().capacity(capacity).build();
+            (Arc::new(store) as Arc<dyn Store>, "memory")
+        }
+        Some(_) => return Err("--memory-capacity bounds the memory store only".to_owned()),
+        None => open_store(&args.store).await?,
+    };
     let config = Config::builder()
         .require_key()
         .lease(args.lease)

@@ -625,3 +625,38 @@ async fn storm_of_200_on_one_key_executes_once(store: &str) {
 async fn storm_on_20_keys_executes_20_times(store: &str) {
     storm(store, 20, 10).await;
 }
+
+/// `--memory-capacity N` bounds the memory store (the steady-size row of `bench/http.sh`): with
+/// room for two records, a third key evicts a settled one, whose retry runs again, while the
+/// newest key is still replayed. A bound of 0, or on another store, is refused.
+#[tokio::test]
+async fn memory_capacity_bounds_the_memory_store() {
+    let fixture = Fixture::start("memory", &["--memory-capacity", "2"]);
+    let keys: Vec<String> = (0..3).map(|i| unique(&format!("bounded{i}"))).collect();
+    for key in &keys {
+        assert!(!fixture.post("/echo", key, "a").await.is_replay());
+    }
+    assert!(fixture.post("/echo", &keys[2], "a").await.is_replay());
+    assert_eq!(fixture.counter().await, 3);
+    let mut replays = 0;
+    for key in &keys[..2] {
+        if fixture.post("/echo", key, "a").await.is_replay() {
+            replays += 1;
+        }
+    }
+    assert!(replays < 2, "no record was evicted");
+    for args in [
+        &["--memory-capacity", "0"][..],
+        &["--memory-capacity", "2", "--store", "redb:/nonexistent/x"][..],
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_idem-fixture"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&output.stderr).contains("--memory-capacity"),
+            "{args:?}"
+        );
+    }
+}
