@@ -57,7 +57,7 @@ pub use error::{BoxError, Rejection, StoreError};
 pub use fingerprint::{Fingerprint, FingerprintBuilder, ParseFingerprintError};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN, RecordKey, Scope};
 pub use record::{Failure, ParseStateError, Record, State};
-pub use store::{ClaimOutcome, ClaimRequest, Lease, ScanPage, ScanQuery, Store};
+pub use store::{ClaimOutcome, ClaimRequest, Lease, ScanPage, ScanQuery, Store, StoreStats};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp, duration_micros};
 pub use token::{Fence, OwnerToken, ParseOwnerTokenError};
 

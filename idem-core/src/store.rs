@@ -172,6 +172,26 @@ pub struct ScanPage {
     pub next_cursor: Option<String>,
 }
 
+/// What a store holds, as far as it knows without reading its records: the `stats` of the
+/// design's admin operations ([`Store::stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoreStats {
+    /// The records held (expired ones not yet reclaimed included).
+    pub records: u64,
+    /// The bytes the records hold, as the store counts them against a byte budget; `None`
+    /// where it does not count them.
+    pub bytes: Option<u64>,
+}
+
+impl StoreStats {
+    /// `records` records, and `bytes` if the store counts them.
+    #[must_use]
+    pub fn new(records: u64, bytes: Option<u64>) -> Self {
+        StoreStats { records, bytes }
+    }
+}
+
 /// The store contract. Every transition is ONE atomic round trip to the backend; the decision
 /// logic lives in [`crate::machine`], which every store applies.
 ///
@@ -237,6 +257,13 @@ pub trait Store: Send + Sync + fmt::Debug {
         self.get(&RecordKey::new(Scope::none(), probe))
             .await
             .map(|_| ())
+    }
+
+    /// What the store holds, where it knows at once (the memory store counts its records and
+    /// bytes); `None` (the default) where that would take a scan or a round trip. The gateway
+    /// exports it as gauges when `/metrics` is scraped.
+    fn stats(&self) -> Option<StoreStats> {
+        None
     }
 }
 
@@ -336,5 +363,9 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         Self: 'f,
     {
         (**self).ping()
+    }
+
+    fn stats(&self) -> Option<StoreStats> {
+        (**self).stats()
     }
 }

@@ -522,13 +522,15 @@ async fn metrics_show_in_flight_records_whose_lease_lapsed() {
 }
 
 /// Evictions by the memory store's bounds reach `/metrics`, by the bound that evicted: a
-/// retry of an evicted key runs again, which an operator has to see.
+/// retry of an evicted key runs again, which an operator has to see. So do the records and
+/// bytes the store holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_count_the_memory_stores_evictions() {
+async fn metrics_count_the_memory_stores_evictions_records_and_bytes() {
     let fixture = Fixture::start();
     let config = config_with(fixture.addr, "", &Overrides::default());
     let store = idem_store_memory::MemoryStore::builder()
         .capacity(std::num::NonZeroUsize::new(4).unwrap())
+        .max_bytes(std::num::NonZeroUsize::new(1 << 20).unwrap())
         .build();
     let gateway = Gateway::start_on(&config, store, Some(metrics_recorder())).await;
     let admin = gateway.admin.clone().unwrap();
@@ -551,4 +553,24 @@ async fn metrics_count_the_memory_stores_evictions() {
     let count: f64 = line.rsplit_once(' ').unwrap().1.parse().unwrap();
     // Other tests of this process may have evicted too: at least these six.
     assert!(count >= 6.0, "{line}");
+    // The gauges are set at each scrape, by whichever gateway of this process answers it.
+    let bytes = gateway.store.bytes();
+    assert!(bytes > 0);
+    let metrics_url = format!("{admin}/metrics");
+    let shown = eventually(Duration::from_secs(10), || {
+        let (http, url) = (http.clone(), metrics_url.clone());
+        async move {
+            let text = http.send(Method::GET, &url, &[], "").await.text();
+            text.lines()
+                .any(|line| line == "idem_gateway_store_records 4")
+                && text
+                    .lines()
+                    .any(|line| line == format!("idem_gateway_store_bytes {bytes}"))
+        }
+    })
+    .await;
+    assert!(
+        shown,
+        "the store's gauges never showed 4 records and {bytes} bytes"
+    );
 }

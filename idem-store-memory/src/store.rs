@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use idem_core::machine::{self, LeasePolicy, Step};
 use idem_core::{
     Bytes, ClaimOutcome, ClaimRequest, Clock, Failure, Fence, Lease, OwnerToken, Record, RecordKey,
-    ScanPage, ScanQuery, Store, StoreError, SystemClock, Timestamp,
+    ScanPage, ScanQuery, Store, StoreError, StoreStats, SystemClock, Timestamp,
 };
 
 use crate::hashed::HashedKey;
@@ -35,6 +35,8 @@ struct Inner {
     hasher: RandomState,
     clock: Arc<dyn Clock>,
     capacity: Option<NonZeroUsize>,
+    /// Whether the store has a byte budget (and so counts its records' bytes).
+    budgeted: bool,
     policy: LeasePolicy,
     /// Records held, over all shards.
     len: AtomicUsize,
@@ -127,6 +129,7 @@ impl MemoryStoreBuilder {
                 hasher: RandomState::new(),
                 clock: self.clock,
                 capacity: self.capacity,
+                budgeted: self.max_bytes.is_some(),
                 policy: self.policy,
                 len: AtomicUsize::new(0),
                 last_fence: AtomicU64::new(0),
@@ -451,6 +454,13 @@ impl Store for MemoryStore {
             records: found.into_iter().map(|(_, record)| record).collect(),
             next_cursor,
         })
+    }
+
+    /// The records held, and their bytes where the store has a byte budget.
+    fn stats(&self) -> Option<StoreStats> {
+        let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        let bytes = self.inner.budgeted.then(|| count(self.bytes()));
+        Some(StoreStats::new(count(self.len()), bytes))
     }
 }
 
@@ -868,6 +878,9 @@ mod tests {
             }
         }
         assert!(store.bytes() > 0);
+        let stats = store.stats().unwrap();
+        assert_eq!(stats.records, 75);
+        assert_eq!(stats.bytes, Some(u64::try_from(store.bytes()).unwrap()));
         for i in (0..100).step_by(3) {
             store.delete(&request(&format!("k{i}")).key).await.unwrap();
         }
@@ -876,6 +889,7 @@ mod tests {
         assert_eq!((store.len(), store.bytes()), (0, 0));
         // Without a budget nothing is counted.
         assert_eq!(MemoryStore::new().bytes(), 0);
+        assert_eq!(MemoryStore::new().stats(), Some(StoreStats::new(0, None)));
     }
 
     #[tokio::test]

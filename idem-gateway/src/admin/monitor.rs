@@ -1,13 +1,14 @@
 //! What the admin listener measures beyond the request path: the in-flight records of the
 //! store (how many, how many whose lease lapsed with no retry to take them over, the age of the
-//! oldest), exported as gauges when `/metrics` is scraped, and the rates of the main counters
-//! over the last minute, read back from the Prometheus text the recorder renders.
+//! oldest) and, where the store knows them at once, its records and bytes, exported as gauges
+//! when `/metrics` is scraped, and the rates of the main counters over the last minute, read
+//! back from the Prometheus text the recorder renders.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use idem_core::{Clock, Record, ScanQuery, State, Store, StoreError, SystemClock};
+use idem_core::{Clock, Record, ScanQuery, State, Store, StoreError, StoreStats, SystemClock};
 
 use super::RenderMetrics;
 
@@ -18,6 +19,12 @@ pub const IN_FLIGHT: &str = "idem_gateway_in_flight_records";
 pub const IN_FLIGHT_LAPSED: &str = "idem_gateway_in_flight_lapsed_records";
 /// The age of the oldest in-flight record, in seconds (0 when there is none), gauge.
 pub const OLDEST_IN_FLIGHT: &str = "idem_gateway_oldest_in_flight_seconds";
+
+/// The records the store holds, gauge, where it knows at once (the memory store).
+pub const STORE_RECORDS: &str = "idem_gateway_store_records";
+/// The bytes the store's records hold, as it counts them against its byte budget, gauge (the
+/// memory store with `[store] memory_max_bytes`).
+pub const STORE_BYTES: &str = "idem_gateway_store_bytes";
 
 /// At most this many pages of in-flight records are read per scan (a page is 100 records).
 pub const MAX_SCAN_PAGES: usize = 10;
@@ -96,6 +103,15 @@ impl InFlight {
     }
 }
 
+/// Sets the gauges of what the store holds.
+#[allow(clippy::cast_precision_loss)]
+fn export_stats(stats: StoreStats) {
+    metrics::gauge!(STORE_RECORDS).set(stats.records as f64);
+    if let Some(bytes) = stats.bytes {
+        metrics::gauge!(STORE_BYTES).set(bytes as f64);
+    }
+}
+
 /// The counters shown with their rates, by label and metric name (summed over their labels).
 pub const COUNTERS: [(&str, &str); 7] = [
     ("requests", idem_http::metrics::REQUESTS),
@@ -167,9 +183,12 @@ impl Monitor {
         }
     }
 
-    /// Scans the in-flight records (or reuses a scan of the last 5 s) and sets the gauges.
-    /// A scan that fails or takes over 2 s leaves the gauges as they were.
+    /// Sets the store's own gauges, then scans the in-flight records (or reuses a scan of the
+    /// last 5 s) and sets theirs. A scan that fails or takes over 2 s leaves them as they were.
     pub async fn refresh_gauges(&self, store: &dyn Store) {
+        if let Some(stats) = store.stats() {
+            export_stats(stats);
+        }
         let mut scanned = self.scanned.lock().await;
         if scanned
             .as_ref()
