@@ -36,6 +36,26 @@ async fn metered_gateway(fixture: &Fixture) -> Gateway {
     .await
 }
 
+/// Scrapes `{admin}/metrics` until `shows` holds for its text or `limit` passes; whether it did.
+async fn metrics_show(
+    http: &Http,
+    admin: &str,
+    limit: Duration,
+    shows: impl Fn(&str) -> bool + Clone + Send + 'static,
+) -> bool {
+    let url = format!("{admin}/metrics");
+    eventually(limit, || {
+        let (http, url, shows) = (http.clone(), url.clone(), shows.clone());
+        async move { shows(&http.send(Method::GET, &url, &[], "").await.text()) }
+    })
+    .await
+}
+
+/// Whether `text` has `line` as a line of its own.
+fn has_line(text: &str, line: &str) -> bool {
+    text.lines().any(|l| l == line)
+}
+
 /// `POST /ui/login` with `token` in the form.
 async fn log_in(http: &Http, admin: &str, token: &str) -> Reply {
     http.send(
@@ -498,18 +518,10 @@ async fn metrics_show_in_flight_records_whose_lease_lapsed() {
         ))
         .await
         .unwrap();
-    let metrics_url = format!("{admin}/metrics");
-    let lapsed = eventually(Duration::from_secs(60), || {
-        let (http, url) = (http.clone(), metrics_url.clone());
-        async move {
-            let text = http.send(Method::GET, &url, &[], "").await.text();
-            text.lines()
-                .any(|line| line == "idem_gateway_in_flight_lapsed_records 1")
-                && text.contains("idem_gateway_oldest_in_flight_seconds")
-                && text
-                    .lines()
-                    .any(|line| line == "idem_gateway_in_flight_records 1")
-        }
+    let lapsed = metrics_show(&http, &admin, Duration::from_secs(60), |text| {
+        has_line(text, "idem_gateway_in_flight_lapsed_records 1")
+            && text.contains("idem_gateway_oldest_in_flight_seconds")
+            && has_line(text, "idem_gateway_in_flight_records 1")
     })
     .await;
     assert!(lapsed, "the gauges never showed the lapsed record");
@@ -556,17 +568,9 @@ async fn metrics_count_the_memory_stores_evictions_records_and_bytes() {
     // The gauges are set at each scrape, by whichever gateway of this process answers it.
     let bytes = gateway.store.bytes();
     assert!(bytes > 0);
-    let metrics_url = format!("{admin}/metrics");
-    let shown = eventually(Duration::from_secs(10), || {
-        let (http, url) = (http.clone(), metrics_url.clone());
-        async move {
-            let text = http.send(Method::GET, &url, &[], "").await.text();
-            text.lines()
-                .any(|line| line == "idem_gateway_store_records 4")
-                && text
-                    .lines()
-                    .any(|line| line == format!("idem_gateway_store_bytes {bytes}"))
-        }
+    let shown = metrics_show(&http, &admin, Duration::from_secs(10), move |text| {
+        has_line(text, "idem_gateway_store_records 4")
+            && has_line(text, &format!("idem_gateway_store_bytes {bytes}"))
     })
     .await;
     assert!(
