@@ -207,6 +207,10 @@ impl MemoryStore {
     /// answered with [`StoreError::Corrupt`].
     pub fn put_raw(&self, record: Record) {
         let (shard, key) = self.inner.shard(&record.key);
+        // A restored fence is one this key has had: later grants must go above it.
+        self.inner
+            .last_fence
+            .fetch_max(record.fence.get(), Ordering::AcqRel);
         if lock(shard).put(key, record) {
             self.inner.len.fetch_add(1, Ordering::AcqRel);
         }
@@ -363,8 +367,10 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 #[async_trait]
 impl Store for MemoryStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        let min_fence = Fence::new(self.inner.last_fence.load(Ordering::Acquire)).successor();
         self.transition(&request.key, |existing, now| {
+            // Read under the shard's lock: a grant of this key that another claim made (and
+            // released, or had deleted) before this one took the lock has raised the floor.
+            let min_fence = Fence::new(self.inner.last_fence.load(Ordering::Acquire)).successor();
             machine::claim(existing, request, now, min_fence, OwnerToken::random())
         })
     }
@@ -899,5 +905,22 @@ mod tests {
         assert!(store.delete(&first.key).await.unwrap());
         let second = acquire(&store, "k").await;
         assert!(second.fence > first.fence);
+    }
+
+    #[tokio::test]
+    async fn a_restored_record_raises_the_fence_floor() {
+        let (store, _clock) = store(10);
+        let lease = acquire(&store, "k").await;
+        let mut restored = store.get(&lease.key).await.unwrap().unwrap();
+        restored.fence = Fence::new(lease.fence.get() + 1_000_000);
+        store.put_raw(restored.clone());
+        assert!(store.delete(&lease.key).await.unwrap());
+        let next = acquire(&store, "k").await;
+        assert!(
+            next.fence > restored.fence,
+            "{} <= {}",
+            next.fence,
+            restored.fence
+        );
     }
 }

@@ -65,3 +65,29 @@ mod bounded {
 
     idem_testkit::store_conformance!(harness);
 }
+
+/// The racing-grants clause at a scale that finds a fence floor read outside the shard's lock
+/// (an earlier version handed out the same fence about once in 2,000 grants on a clock that
+/// stands still, and lower ones on the system clock).
+mod racing_fences {
+    use idem_core::IdempotencyKey;
+    use idem_testkit::conformance::fences_increase_under_racing_grants;
+
+    use super::*;
+
+    fn key() -> RecordKey {
+        RecordKey::unscoped(IdempotencyKey::new("racing").unwrap())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn on_a_clock_that_stands_still() {
+        let clock = ManualClock::new(Timestamp::from_micros(1_700_000_000_000_000));
+        let store = MemoryStore::builder().clock(clock).build();
+        fences_increase_under_racing_grants(Arc::new(store), key(), 8, 20_000).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn on_the_system_clock() {
+        fences_increase_under_racing_grants(Arc::new(MemoryStore::new()), key(), 8, 20_000).await;
+    }
+}

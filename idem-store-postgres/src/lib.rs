@@ -64,11 +64,13 @@
 //! (a concurrent transition of the same key).
 //!
 //! Time is the server's `clock_timestamp()`, never the client's. A record whose `expires_at`
-//! has passed counts as absent. Release and retryable failures do not delete the row: they
-//! expire it at once, so the next grant's fence is `max(previous + 1, now in µs)`; only
-//! [`PostgresStore::sweep`] (`idem store sweep`) and [`Store::delete`] delete rows, and they
-//! raise a fence floor (`<schema>.idem_fence_floor`) that every new row's fence starts above,
-//! so fences keep rising after a delete even if the server's clock steps back.
+//! has passed counts as absent. Release, retryable failures and [`Store::delete`] do not
+//! delete the row: they expire it at once (a delete also clears its owner, so its holder is
+//! refused), and the next grant reads `max(previous + 1, now in µs)` under the row's lock. Only
+//! [`PostgresStore::sweep`] (`idem store sweep`) deletes rows, a minute after they expired
+//! (and a delete, a row that breaks the record invariants), and they raise a fence floor
+//! (`<schema>.idem_fence_floor`) that every new row's fence starts above, so fences keep
+//! rising after a sweep even if the server's clock steps back.
 //!
 //! # In the caller's transaction
 //!

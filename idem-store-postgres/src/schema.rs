@@ -184,6 +184,17 @@ fn micros(param: &str) -> String {
     format!("({param}::bigint * interval '1 microsecond')")
 }
 
+/// The owner of a deleted record's row: no holder has it.
+const NO_OWNER: &str = "00000000-0000-0000-0000-000000000000";
+
+/// How long a row stays after it expired before a sweep deletes it. A deleted row's fence
+/// reaches later grants only through the fence floor, which a claim reads from its statement's
+/// snapshot; a claim statement that began before the sweep committed, and inserts after, would
+/// miss the floor. Such a claim started at most a few seconds earlier (`statement_timeout`), and
+/// its clock reading is then already past every fence granted before the row expired a minute
+/// ago. The Redis store keeps its tombstones as long, for the same reason.
+pub(crate) const SWEEP_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The store's clock: the server's `clock_timestamp()` plus the test offset in `param`.
 fn clock(param: &str) -> String {
     format!(
@@ -305,13 +316,29 @@ SELECT {cols_t}, c.now FROM c JOIN {table} t ON t.scope = $1 AND t.key = $2",
             clock = clock("$3"),
             cols_t = columns("t", false),
         );
+        // A live record is not deleted but expired, with its owner cleared (so its holder's
+        // late writes are refused): the row keeps its fence, and the next claim goes through
+        // the claim's `upd`, which reads the fence under the row's lock. A deleted row's fence
+        // reaches the next grant only through the floor, which a claim reads from its
+        // statement's snapshot: a claim that started before a delete committed would miss it.
+        // A row that breaks the record invariants is deleted outright (an operator clearing a
+        // corrupt record), its fence raising the floor.
         let delete = format!(
             "WITH {clock},
-d AS (DELETE FROM {table} t WHERE t.scope = $1 AND t.key = $2 RETURNING t.fence, t.expires_at),
+tomb AS (UPDATE {table} t SET expires_at = c.now, owner = '{NO_OWNER}'::uuid
+         FROM c
+         WHERE t.scope = $1 AND t.key = $2 AND {valid_t} AND t.expires_at > c.now
+         RETURNING t.fence),
+d AS (DELETE FROM {table} t
+      WHERE t.scope = $1 AND t.key = $2 AND NOT coalesce({valid_t}, false)
+      RETURNING t.fence, t.expires_at),
 f AS (UPDATE {floor} SET fence = greatest(fence, (SELECT max(d.fence) FROM d))
       WHERE EXISTS (SELECT 1 FROM d))
-SELECT coalesce((SELECT bool_or(d.expires_at > c.now) FROM d), false) FROM c",
+SELECT EXISTS (SELECT 1 FROM tomb)
+    OR coalesce((SELECT bool_or(d.expires_at > c.now) FROM d), false)
+FROM c",
             clock = clock("$3"),
+            valid_t = valid("t"),
         );
         let scan = format!(
             "WITH {clock}
@@ -331,14 +358,16 @@ LIMIT $7",
         );
         let sweep = format!(
             "WITH {clock},
-victims AS (SELECT v.ctid FROM {table} v WHERE v.expires_at <= (SELECT c.now FROM c) LIMIT $2),
+victims AS (SELECT v.ctid FROM {table} v
+            WHERE v.expires_at <= (SELECT c.now FROM c) - {grace} LIMIT $2),
 d AS (DELETE FROM {table} t USING c
-      WHERE t.ctid IN (SELECT victims.ctid FROM victims) AND t.expires_at <= c.now
+      WHERE t.ctid IN (SELECT victims.ctid FROM victims) AND t.expires_at <= c.now - {grace}
       RETURNING t.fence),
 f AS (UPDATE {floor} SET fence = greatest(fence, (SELECT max(d.fence) FROM d))
       WHERE EXISTS (SELECT 1 FROM d))
 SELECT count(*) FROM d",
             clock = clock("$1"),
+            grace = format!("interval '{} seconds'", SWEEP_GRACE.as_secs()),
         );
         Statements {
             claim,

@@ -183,9 +183,10 @@ impl PostgresStore {
         self.inner.offset.load(Ordering::SeqCst)
     }
 
-    /// Removes every expired record (and the rows that released or retryably failed claims left
-    /// behind), a thousand rows per statement; returns how many. Fences stay above those of
-    /// the removed rows. This is what `idem store sweep` runs; run it periodically (a cron job,
+    /// Removes every record that expired at least a minute ago (and the rows that released,
+    /// retryably failed or deleted claims left behind), a thousand rows per statement; returns
+    /// how many. Fences stay above those of the removed rows (the minute is what keeps them so
+    /// against claims already running when the sweep commits). This is what `idem store sweep` runs; run it periodically (a cron job,
     /// a task every few minutes): expired records count as absent whether swept or not, so
     /// sweeping only keeps the table small.
     ///

@@ -209,7 +209,10 @@ async fn sweep_removes_expired_rows_and_fences_keep_rising() {
                 .unwrap(),
         }
     }
-    // The released rows are expired already; the short retentions after a minute.
+    // A row is swept a minute after it expired: nothing yet; then the released rows (expired
+    // at once); then the short retentions (expired after a minute).
+    assert_eq!(store.sweep().await.unwrap(), 0);
+    store.advance_clock(Duration::from_secs(61));
     assert_eq!(store.sweep().await.unwrap(), 10);
     store.advance_clock(Duration::from_secs(61));
     assert_eq!(store.sweep().await.unwrap(), 10);
@@ -263,6 +266,72 @@ async fn fences_rise_after_a_delete_even_if_the_clock_stood_still() {
         panic!("not acquired")
     };
     assert!(lease.fence.get() > 9_000_000_000_000_000, "{}", lease.fence);
+}
+
+/// A delete expires a live record's row instead of removing it (the next grant reads its fence
+/// under the row's lock) and refuses its holder; a row that breaks the record invariants is
+/// removed outright, so an operator can clear it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_expires_a_live_row_and_removes_a_corrupt_one() {
+    let Some(h) = PgHarness::new().await else {
+        return;
+    };
+    let store = &h.store;
+    let rows = async |key: &str| -> i64 {
+        let client = store.pool().get().await.unwrap();
+        client
+            .query_one(
+                &format!(
+                    "SELECT count(*) FROM {}.idem_records WHERE key = $1",
+                    h.schema.name
+                ),
+                &[&key],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    };
+    let req = request("tomb");
+    let ClaimOutcome::Acquired { lease, .. } = store.claim(&req).await.unwrap() else {
+        panic!("not acquired")
+    };
+    assert!(store.delete(&req.key).await.unwrap());
+    assert!(!store.delete(&req.key).await.unwrap(), "deleted twice");
+    assert_eq!(store.get(&req.key).await.unwrap(), None);
+    assert_eq!(rows("tomb").await, 1);
+    let late = store.complete(&lease, Bytes::new(), RETENTION).await;
+    assert!(matches!(late, Err(StoreError::Rejected(_))), "{late:?}");
+    assert_eq!(store.get(&req.key).await.unwrap(), None);
+    let ClaimOutcome::Acquired { lease: next, .. } = store.claim(&req).await.unwrap() else {
+        panic!("not acquired")
+    };
+    assert!(next.fence > lease.fence);
+    assert_eq!(next.attempt, 1);
+
+    let broken = request("broken");
+    let ClaimOutcome::Acquired { .. } = store.claim(&broken).await.unwrap() else {
+        panic!("not acquired")
+    };
+    let client = store.pool().get().await.unwrap();
+    client
+        .execute(
+            &format!(
+                "UPDATE {}.idem_records SET state = 'completed' WHERE key = 'broken'",
+                h.schema.name
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.get(&broken.key).await,
+        Err(StoreError::Corrupt { .. })
+    ));
+    assert!(store.delete(&broken.key).await.unwrap());
+    assert_eq!(rows("broken").await, 0);
+    let ClaimOutcome::Acquired { .. } = store.claim(&broken).await.unwrap() else {
+        panic!("not acquired after clearing a corrupt record")
+    };
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -291,21 +291,84 @@ pub async fn fences_strictly_increase_also_after_delete(h: &impl Harness) {
             lease.fence
         );
         last = lease.fence;
-        match round % 3 {
-            0 => store.release(&lease).await.expect("release"),
-            1 => store
-                .fail(&lease, Failure::retryable("t"), RETENTION)
+        give_back(&*store, &lease, round).await;
+    }
+}
+
+/// Ends a grant in one of the three ways that free its key, by `turn`: a release, a retryable
+/// failure, or a completion and a delete.
+async fn give_back(store: &dyn Store, lease: &Lease, turn: usize) {
+    match turn % 3 {
+        0 => store.release(lease).await.expect("release"),
+        1 => store
+            .fail(lease, Failure::retryable("t"), RETENTION)
+            .await
+            .expect("fail"),
+        _ => {
+            store
+                .complete(lease, Bytes::new(), RETENTION)
                 .await
-                .expect("fail"),
-            _ => {
-                store
-                    .complete(&lease, Bytes::new(), RETENTION)
-                    .await
-                    .expect("complete");
-                assert!(store.delete(&k).await.expect("delete"));
-            }
+                .expect("complete");
+            assert!(store.delete(&lease.key).await.expect("delete"));
         }
     }
+}
+
+/// Fences strictly increase across grants that race: tasks claim one key over and over, and
+/// each one that is granted notes its fence while it holds the key (so the notes are in grant
+/// order), then releases, fails retryably, or completes and deletes. A store that reads its
+/// fence floor outside the step that grants would hand out a fence again.
+pub async fn fences_strictly_increase_under_concurrent_grants(h: &impl Harness) {
+    fences_increase_under_racing_grants(h.store(), key("racing-fences"), 16, 100).await;
+}
+
+/// The body of [`fences_strictly_increase_under_concurrent_grants`]: `tasks` tasks make
+/// `rounds` claims each on `k`; returns how many grants were made.
+///
+/// # Panics
+/// If a grant's fence is not above the one before it, or the store fails.
+pub async fn fences_increase_under_racing_grants(
+    store: Arc<dyn Store>,
+    k: RecordKey,
+    tasks: usize,
+    rounds: usize,
+) -> usize {
+    let grants = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut running = Vec::with_capacity(tasks);
+    for task in 0..tasks {
+        let (store, grants, req) = (store.clone(), grants.clone(), request(&k, "a"));
+        running.push(tokio::spawn(async move {
+            for round in 0..rounds {
+                let ClaimOutcome::Acquired { lease, .. } = store.claim(&req).await.expect("claim")
+                else {
+                    tokio::task::yield_now().await;
+                    continue;
+                };
+                grants
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(lease.fence);
+                give_back(&*store, &lease, task + round).await;
+            }
+        }));
+    }
+    for task in running {
+        task.await.expect("a claiming task panicked");
+    }
+    let grants = grants
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for (n, pair) in grants.windows(2).enumerate() {
+        assert!(
+            pair[1] > pair[0],
+            "grant {}: fence {} after {}",
+            n + 1,
+            pair[1],
+            pair[0]
+        );
+    }
+    assert!(!grants.is_empty(), "no claim was ever granted");
+    grants.len()
 }
 
 /// Claims until granted, letting an in-flight lease lapse.

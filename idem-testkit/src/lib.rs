@@ -59,6 +59,7 @@ macro_rules! store_conformance {
             lapsed_lease_is_taken_over_with_a_higher_fence,
             stale_owner_is_rejected_after_takeover,
             fences_strictly_increase_also_after_delete,
+            fences_strictly_increase_under_concurrent_grants,
             resent_complete_by_the_same_owner_is_ok,
             retryable_fail_frees_the_key,
             permanent_fail_keeps_a_failed_record,
