@@ -322,11 +322,9 @@ impl Config {
     /// The scope of a request.
     pub(crate) fn scope_of(&self, parts: &request::Parts) -> Result<Scope, InvalidScope> {
         match &self.scope {
-            ScopeSource::Authorization => Ok(parts
-                .headers
-                .get(header::AUTHORIZATION)
+            ScopeSource::Authorization => Ok(single(&parts.headers, &header::AUTHORIZATION)?
                 .map_or_else(Scope::none, |value| Scope::from_secret(value.as_bytes()))),
-            ScopeSource::Header(name) => match parts.headers.get(name) {
+            ScopeSource::Header(name) => match single(&parts.headers, name)? {
                 None => Ok(Scope::none()),
                 Some(value) => std::str::from_utf8(value.as_bytes())
                     .ok()
@@ -337,6 +335,20 @@ impl Config {
             ScopeSource::None => Ok(Scope::none()),
         }
     }
+}
+
+/// The one value of the scope header `name`, if it is there. Sent on two field lines it names
+/// no single principal (and an application may read either line), so it is refused.
+fn single<'h>(
+    headers: &'h HeaderMap,
+    name: &HeaderName,
+) -> Result<Option<&'h http::HeaderValue>, InvalidScope> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(InvalidScope);
+    }
+    Ok(first)
 }
 
 /// Builds a [`Config`]. Made by [`Config::builder`]; every method starts from the documented

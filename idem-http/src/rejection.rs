@@ -5,7 +5,8 @@
 //! use bytes::Bytes;
 //! use idem_http::rejection::{Rejection, RejectionHandler, ProblemJson};
 //!
-//! let response = ProblemJson::default().respond(&Rejection::MissingKey);
+//! let header = http::HeaderName::from_static("idempotency-key");
+//! let response = ProblemJson::default().respond(&Rejection::MissingKey { header });
 //! assert_eq!(response.status(), 400);
 //! assert_eq!(response.headers()["content-type"], "application/problem+json");
 //! let body = std::str::from_utf8(response.body()).unwrap();
@@ -24,7 +25,7 @@ use std::fmt;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode, header};
+use http::{HeaderName, HeaderValue, Response, StatusCode, header};
 
 use crate::header::KeyHeaderError;
 use crate::outcome::Outcome;
@@ -34,10 +35,18 @@ use crate::outcome::Outcome;
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Rejection {
-    /// The `Idempotency-Key` header is invalid: 400.
-    InvalidKey(KeyHeaderError),
+    /// The key header (`Idempotency-Key` unless configured otherwise) is invalid: 400.
+    InvalidKey {
+        /// The name of the key header.
+        header: HeaderName,
+        /// What is wrong with it.
+        error: KeyHeaderError,
+    },
     /// The route requires a key and the request has none: 400.
-    MissingKey,
+    MissingKey {
+        /// The name of the key header.
+        header: HeaderName,
+    },
     /// The scope of the request (a tenant header) is not a valid scope: 400.
     InvalidScope,
     /// The request body is larger than the limit: 413.
@@ -73,8 +82,8 @@ impl Rejection {
     #[must_use]
     pub fn status(&self) -> StatusCode {
         match self {
-            Rejection::InvalidKey(_)
-            | Rejection::MissingKey
+            Rejection::InvalidKey { .. }
+            | Rejection::MissingKey { .. }
             | Rejection::InvalidScope
             | Rejection::BodyUnreadable => StatusCode::BAD_REQUEST,
             Rejection::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -91,8 +100,8 @@ impl Rejection {
     #[must_use]
     pub fn name(&self) -> &'static str {
         match self {
-            Rejection::InvalidKey(_) => "InvalidKey",
-            Rejection::MissingKey => "MissingKey",
+            Rejection::InvalidKey { .. } => "InvalidKey",
+            Rejection::MissingKey { .. } => "MissingKey",
             Rejection::InvalidScope => "InvalidScope",
             Rejection::BodyTooLarge { .. } => "BodyTooLarge",
             Rejection::BodyUnreadable => "BodyUnreadable",
@@ -109,13 +118,13 @@ impl Rejection {
     #[must_use]
     pub fn title(&self) -> &'static str {
         match self {
-            Rejection::InvalidKey(_) => "Invalid Idempotency-Key header",
-            Rejection::MissingKey => "Idempotency-Key header required",
+            Rejection::InvalidKey { .. } => "Invalid idempotency key",
+            Rejection::MissingKey { .. } => "Idempotency key required",
             Rejection::InvalidScope => "Invalid scope",
             Rejection::BodyTooLarge { .. } => "Request body too large",
             Rejection::BodyUnreadable => "Request body unreadable",
             Rejection::InFlight { .. } => "Request with this key in progress",
-            Rejection::Mismatch => "Idempotency-Key reused with another request",
+            Rejection::Mismatch => "Idempotency key reused with another request",
             Rejection::FailedPermanently => "Operation failed permanently",
             Rejection::StoreUnavailable { .. } => "Idempotency store unavailable",
             Rejection::CorruptRecord => "Stored response unreadable",
@@ -127,10 +136,14 @@ impl Rejection {
     #[must_use]
     pub fn detail(&self) -> String {
         match self {
-            Rejection::InvalidKey(error) => error.to_string(),
-            Rejection::MissingKey => "this endpoint requires an Idempotency-Key header".into(),
+            Rejection::InvalidKey { header, error } => {
+                format!("{}: {error}", spelled(header))
+            }
+            Rejection::MissingKey { header } => {
+                format!("this endpoint requires the {} header", spelled(header))
+            }
             Rejection::InvalidScope => {
-                "the scope header is not 0 to 255 bytes of printable ASCII".into()
+                "the scope header (Authorization, or the tenant header) was sent more than once, or is not 0 to 255 bytes of printable ASCII".into()
             }
             Rejection::BodyTooLarge { limit } => {
                 format!("the request body is over the limit of {limit} bytes")
@@ -173,8 +186,8 @@ impl Rejection {
     #[must_use]
     pub fn outcome(&self) -> Outcome {
         match self {
-            Rejection::InvalidKey(_)
-            | Rejection::MissingKey
+            Rejection::InvalidKey { .. }
+            | Rejection::MissingKey { .. }
             | Rejection::InvalidScope
             | Rejection::BodyTooLarge { .. }
             | Rejection::BodyUnreadable => Outcome::Rejected,
@@ -184,6 +197,22 @@ impl Rejection {
             Rejection::HandlerFailed => Outcome::Executed,
         }
     }
+}
+
+/// A header name as people write it: each word capitalised (`idempotency-key` is
+/// `Idempotency-Key`).
+fn spelled(name: &HeaderName) -> String {
+    let mut spelled = String::with_capacity(name.as_str().len());
+    let mut word_start = true;
+    for c in name.as_str().chars() {
+        spelled.push(if word_start {
+            c.to_ascii_uppercase()
+        } else {
+            c
+        });
+        word_start = c == '-';
+    }
+    spelled
 }
 
 impl fmt::Display for Rejection {
@@ -294,14 +323,35 @@ mod tests {
 
     #[test]
     fn problem_json_escapes_and_names_the_type() {
-        let response = ProblemJson::with_type_base("https://example.com/#").respond(
-            &Rejection::InvalidKey(KeyHeaderError::Malformed { reason: "a \"q\"" }),
-        );
+        let response =
+            ProblemJson::with_type_base("https://example.com/#").respond(&Rejection::InvalidKey {
+                header: HeaderName::from_static("idempotency-key"),
+                error: KeyHeaderError::Malformed { reason: "a \"q\"" },
+            });
         let body = std::str::from_utf8(response.body()).unwrap();
         assert!(
             body.starts_with(r#"{"type":"https://example.com/#InvalidKey","#),
             "{body}"
         );
         assert!(body.contains(r#"a \"q\""#), "{body}");
+        assert!(body.contains("Idempotency-Key: malformed key"), "{body}");
+    }
+
+    #[test]
+    fn key_rejections_name_the_configured_header() {
+        let header = HeaderName::from_static("x-request-id");
+        let missing = Rejection::MissingKey {
+            header: header.clone(),
+        };
+        assert_eq!(
+            missing.detail(),
+            "this endpoint requires the X-Request-Id header"
+        );
+        let invalid = Rejection::InvalidKey {
+            header,
+            error: KeyHeaderError::Empty,
+        };
+        assert!(invalid.detail().starts_with("X-Request-Id: "), "{invalid}");
+        assert!(!missing.title().contains("Idempotency-Key"));
     }
 }

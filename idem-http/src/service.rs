@@ -125,13 +125,14 @@ where
                 return ResponseFuture::bypass(self.inner.call(request));
             }
             Ok(None) => {
-                return ResponseFuture::ready(counted(reject(&self.shared, Rejection::MissingKey)));
+                let header = config.header_name.clone();
+                let rejection = Rejection::MissingKey { header };
+                return ResponseFuture::ready(counted(reject(&self.shared, rejection)));
             }
             Err(error) => {
-                return ResponseFuture::ready(counted(reject(
-                    &self.shared,
-                    Rejection::InvalidKey(error),
-                )));
+                let header = config.header_name.clone();
+                let rejection = Rejection::InvalidKey { header, error };
+                return ResponseFuture::ready(counted(reject(&self.shared, rejection)));
             }
         };
         let (parts, body) = request.into_parts();

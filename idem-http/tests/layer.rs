@@ -317,6 +317,51 @@ async fn a_tenant_header_scopes_records() {
     assert_eq!(app.count(), 2);
 }
 
+/// A scope header sent twice names no single principal (an application may read either
+/// line): 400, and nothing runs.
+#[tokio::test]
+async fn a_scope_header_sent_twice_is_refused() {
+    for (config, name) in [
+        (Config::builder(), "authorization"),
+        (
+            Config::builder().scope_by_header("x-tenant").unwrap(),
+            "x-tenant",
+        ),
+    ] {
+        let app = App::counting(MemoryStore::new(), config).await;
+        let headers = [("idempotency-key", "k"), (name, "alice"), (name, "bob")];
+        let twice = app.send(Method::POST, "/run", &headers, "").await;
+        assert_eq!(twice.status, StatusCode::BAD_REQUEST, "{name}");
+        assert!(String::from_utf8_lossy(&twice.body).contains("InvalidScope"));
+        assert_eq!(app.count(), 0);
+        let once = [("idempotency-key", "k"), (name, "alice")];
+        assert_eq!(
+            app.send(Method::POST, "/run", &once, "").await.body,
+            "ran 1"
+        );
+    }
+}
+
+/// With another key header, the 400s name it.
+#[tokio::test]
+async fn key_rejections_name_the_configured_header() {
+    let config = Config::builder()
+        .header_name("X-Request-Id")
+        .unwrap()
+        .require_key();
+    let app = App::counting(MemoryStore::new(), config).await;
+    let missing = app.post(None, "").await;
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+    let body = String::from_utf8_lossy(&missing.body);
+    assert!(body.contains("requires the X-Request-Id header"), "{body}");
+    let headers = [("x-request-id", "")];
+    let invalid = app.send(Method::POST, "/run", &headers, "").await;
+    assert_eq!(invalid.status, StatusCode::BAD_REQUEST);
+    let body = String::from_utf8_lossy(&invalid.body);
+    assert!(body.contains("X-Request-Id: "), "{body}");
+    assert!(!body.contains("Idempotency-Key"), "{body}");
+}
+
 #[tokio::test]
 async fn a_closure_or_no_scope() {
     // No scope: two credentials share one namespace of keys.
