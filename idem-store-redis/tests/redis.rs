@@ -462,6 +462,34 @@ async fn foreign_values_are_corrupt_and_deletable() {
     }
 }
 
+/// A record hash with thousands of foreign fields (more than Lua's `unpack` takes) is
+/// `Corrupt`, not a backend error, and `delete` clears it.
+#[tokio::test]
+async fn a_record_with_thousands_of_foreign_fields_is_corrupt() {
+    let Some(h) = single_harness().await else {
+        return;
+    };
+    let k = key("stuffed");
+    let lease = acquire(&h.store, &k).await;
+    h.store
+        .complete(&lease, idem_core::Bytes::from_static(b"ok"), LEASE)
+        .await
+        .unwrap();
+    let redis_key = h.store.redis_key(&k);
+    let mut stuffing = redis::cmd("HSET");
+    stuffing.arg(&redis_key);
+    for n in 0..9_000 {
+        stuffing.arg(format!("stray-{n}")).arg("x");
+    }
+    h.raw(&stuffing).await;
+    let is_corrupt = |r: Option<StoreError>| matches!(r, Some(StoreError::Corrupt { .. }));
+    assert!(is_corrupt(h.store.claim(&request(&k)).await.err()));
+    assert!(is_corrupt(h.store.get(&k).await.err()));
+    assert!(h.store.delete(&k).await.unwrap());
+    let lease = acquire(&h.store, &k).await;
+    h.store.release(&lease).await.unwrap();
+}
+
 /// The Redis key holds no raw client input; the record keeps the key and scope as fields, so
 /// a scan can name them.
 #[tokio::test]

@@ -42,11 +42,15 @@ if #raw > 0 then
     if p ~= ARGV[2] then
       return { 'mismatch' }
     end
+    -- The fields follow the answer's tag in the reply itself: `unpack` fails on a hash with
+    -- thousands of (foreign) fields, which the decoder must see to call it corrupt.
     if s == 'c' then
-      return { 'completed', unpack(raw) }
+      table.insert(raw, 1, 'completed')
+      return raw
     end
     if s == 'f' then
-      return { 'failed', unpack(raw) }
+      table.insert(raw, 1, 'failed')
+      return raw
     end
     if now < t then
       -- The same owner token means this very claim was sent twice (a lost reply): same answer.

@@ -24,4 +24,7 @@ end
 if s == '-' or now >= x then
   return { 'none', stamp }
 end
-return { 'record', stamp, unpack(raw) }
+-- Not `unpack(raw)`: it fails on a hash with thousands of (foreign) fields.
+table.insert(raw, 1, stamp)
+table.insert(raw, 1, 'record')
+return raw
