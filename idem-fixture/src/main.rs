@@ -19,12 +19,13 @@
 //!   one with a retention runs in a long-lived process (`bench/http.sh` measures both).
 //! - `--bare`: no layer (the baseline of the benchmarks).
 //!
-//! Routes: every POST but `/reset` is behind the layer and requires a key.
+//! Routes: every POST but `/reset` is behind the layer and requires a key; `/counter` and
+//! `/reset` are outside it.
 //!
 //! | route | behaviour |
 //! |---|---|
 //! | `POST /echo` | 201, echoes the body and its Content-Type (default application/octet-stream); counter +1 |
-//! | `POST /status/{code}` | answers `{code}` with body `status:{code}` text/plain; counter +1 |
+//! | `POST /status/{code}` | answers `{code}` with body `status:{code}` text/plain (204 and 304 with no body); counter +1 |
 //! | `POST /slow?ms=N` | waits N ms, then 200 `slept:N` text/plain; counter +1 |
 //! | `POST /large?bytes=N` | 200 with N bytes of `x`, application/octet-stream; counter +1 |
 //! | `POST /headers` | 201 with Location, ETag, two Set-Cookie, two X-Multi, body `{"ok":true}`; counter +1 |
@@ -156,6 +157,10 @@ async fn status(State(counter): State<Counter>, Path(code): Path<String>) -> Res
         );
     };
     counter.bump();
+    if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        // These carry no content (RFC 9110 sections 15.3.5 and 15.4.5).
+        return status.into_response();
+    }
     text(status, format!("status:{}", status.as_u16()))
 }
 

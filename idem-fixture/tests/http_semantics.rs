@@ -328,6 +328,23 @@ async fn four_xx_is_stored_and_408_425_429_5xx_released(store: &str) {
         assert!(second.is_replay(), "{code} is stored: {second:?}");
         assert_eq!(second.text(), format!("status:{code}"));
     }
+    // 204 and 304 carry no content, first or replayed (and 204 no Content-Length).
+    for code in [204u16, 304] {
+        let key = unique("empty");
+        let path = format!("/status/{code}");
+        let first = fixture.post(&path, &key, Bytes::new()).await;
+        let second = fixture.post(&path, &key, Bytes::new()).await;
+        expected += 1;
+        assert!(second.is_replay(), "{code} is stored: {second:?}");
+        for answer in [&first, &second] {
+            assert_eq!(answer.status.as_u16(), code);
+            assert!(answer.body.is_empty(), "{code}: {answer:?}");
+        }
+        if code == 204 {
+            assert_eq!(first.header("content-length"), None);
+            assert_eq!(second.header("content-length"), None);
+        }
+    }
     for code in [408u16, 425, 429, 500, 502, 503] {
         let key = unique("released");
         let path = format!("/status/{code}");
