@@ -96,7 +96,9 @@ pub fn next_fence(previous: Option<Fence>, now: Timestamp, min_fence: Fence) -> 
 /// `claim`: grants the key if it is absent, expired or its lease lapsed; otherwise answers with
 /// what is there.
 ///
-/// `owner` is the token for a new grant (the store draws it); `min_fence` is the lowest fence
+/// `owner` is the token for a new grant (the store passes [`ClaimRequest::grant_owner`]); a
+/// request whose chosen owner holds the live in-flight record is answered that same grant.
+/// `min_fence` is the lowest fence
 /// the store allows for a new grant (a store that remembers the highest fence it ever issued
 /// passes that plus one; others pass [`Fence::MIN`]).
 ///
@@ -117,6 +119,19 @@ pub fn claim(
         match record.state {
             State::Completed => return Ok(Step::answer(ClaimOutcome::Completed(record.clone()))),
             State::Failed => return Ok(Step::answer(ClaimOutcome::Failed(record.clone()))),
+            State::InFlight if record.is_live(now) && request.owner == Some(record.owner) => {
+                // This very claim, sent again (its answer was lost): the same grant.
+                return Ok(Step::answer(ClaimOutcome::Acquired {
+                    lease: Lease {
+                        key: record.key.clone(),
+                        owner: record.owner,
+                        fence: record.fence,
+                        until: record.lease_until,
+                        attempt: record.attempt,
+                    },
+                    taken_over: record.attempt > 1,
+                }));
+            }
             State::InFlight if record.is_live(now) => {
                 return Ok(Step::answer(ClaimOutcome::InFlight {
                     retry_after: record.lease_until.saturating_since(now),

@@ -25,17 +25,37 @@ pub struct ClaimRequest {
     pub fingerprint: Fingerprint,
     /// How long the lease runs before another attempt may take the key over.
     pub lease: Duration,
+    /// The owner token a grant gets, when the caller chose it ([`ClaimRequest::with_owner`]);
+    /// `None`: the store draws one.
+    pub owner: Option<OwnerToken>,
 }
 
 impl ClaimRequest {
-    /// A claim request from its parts.
+    /// A claim request from its parts; the store draws the owner token of a grant.
     #[must_use]
     pub fn new(key: RecordKey, fingerprint: Fingerprint, lease: Duration) -> Self {
         ClaimRequest {
             key,
             fingerprint,
             lease,
+            owner: None,
         }
+    }
+
+    /// The same request with the owner token of its grant chosen by the caller. Sending it
+    /// again while its grant is live answers that same grant (`Acquired`, same fence) instead
+    /// of `InFlight`: a caller whose claim timed out, not knowing whether it landed, re-sends
+    /// it to learn, and can then release the key. Never share one owner between attempts.
+    #[must_use]
+    pub fn with_owner(mut self, owner: OwnerToken) -> Self {
+        self.owner = Some(owner);
+        self
+    }
+
+    /// The owner token of a new grant: the chosen one, or a fresh random one.
+    #[must_use]
+    pub fn grant_owner(&self) -> OwnerToken {
+        self.owner.unwrap_or_else(OwnerToken::random)
     }
 }
 

@@ -12,7 +12,7 @@ use http::{HeaderName, HeaderValue, Request, Response, StatusCode, request};
 use http_body::Body;
 use http_body_util::BodyExt;
 use idem_core::{
-    BoxError, ClaimOutcome, ClaimRequest, Lease, Record, RecordKey, Store, StoreError,
+    BoxError, ClaimOutcome, ClaimRequest, Lease, OwnerToken, Record, RecordKey, Store, StoreError,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -233,7 +233,9 @@ async fn process<S, ReqBody, ResBody>(
         return;
     }
     let fingerprint = request_fingerprint(&parts.method, &parts.uri, &bytes);
-    let claim = ClaimRequest::new(key, fingerprint, config.lease);
+    // The owner is chosen here, so that a claim whose answer is lost can be sent again to learn
+    // whether it was granted ([`release_if_granted`]).
+    let claim = ClaimRequest::new(key, fingerprint, config.lease).with_owner(OwnerToken::random());
     let deadline = config.wait.map(|wait| Instant::now() + wait);
     let mut pause = Duration::from_millis(10);
     let answer = loop {
@@ -294,6 +296,9 @@ async fn process<S, ReqBody, ResBody>(
                     error = %error,
                     "idempotency store failed on claim"
                 );
+                if matches!(error, StoreError::Timeout { .. }) {
+                    release_if_granted(shared.clone(), claim.clone());
+                }
                 break match config.store_failure {
                     StoreFailure::FailClosed => {
                         let retry_after = config.store_retry_after;
@@ -305,6 +310,43 @@ async fn process<S, ReqBody, ResBody>(
         }
     };
     let _ = reply.send(answer);
+}
+
+/// A claim whose answer timed out may have been granted all the same: its record would then
+/// hold the key for a whole lease with nothing running, answering every retry 409. Sends the
+/// claim again (same owner, so a grant it made is answered again) until the store answers,
+/// backing off, for up to one lease, and releases what it is granted.
+fn release_if_granted(shared: Arc<Shared>, claim: ClaimRequest) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        let deadline = Instant::now() + claim.lease;
+        let mut pause = Duration::from_millis(100);
+        loop {
+            tokio::time::sleep(pause).await;
+            let resent = shared.store.claim(&claim);
+            match shared.store_metrics.time(Op::Claim, resent).await {
+                Ok(ClaimOutcome::Acquired { lease, .. }) => {
+                    let released = shared.store.release(&lease);
+                    let released = shared.store_metrics.time(Op::Release, released).await;
+                    tracing::debug!(
+                        idempotency_key = %log_key(&shared.config, &claim.key),
+                        fence = lease.fence.get(),
+                        released = released.is_ok(),
+                        "released the claim of a request whose claim had timed out"
+                    );
+                    return;
+                }
+                // Another attempt holds the key, or it is settled: nothing of this one's.
+                Ok(_) => return,
+                Err(error) if error.is_retryable() && Instant::now() + pause < deadline => {
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                Err(_) => return,
+            }
+        }
+    });
 }
 
 /// Fail-open: runs the handler without a record, and marks the response.

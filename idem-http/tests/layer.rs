@@ -187,6 +187,32 @@ async fn a_store_that_is_down_is_503_and_the_handler_does_not_run() {
     assert_eq!(app.count(), 0);
 }
 
+/// A claim granted by the store whose answer was lost (a timeout) is 503, and is then released
+/// by the layer: a retry runs the handler within moments instead of meeting 409 for a whole
+/// lease with nothing running.
+#[tokio::test]
+async fn a_claim_whose_answer_timed_out_is_released() {
+    let store = FaultyStore::new(MemoryStore::new());
+    store.faults.claim_lost_replies.store(1, Ordering::SeqCst);
+    let faults = store.faults.clone();
+    let app = App::counting(store, Config::builder()).await;
+    let lost = app.post(Some("k"), "").await;
+    assert_eq!(lost.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(app.count(), 0);
+    let mut answer = app.post(Some("k"), "").await;
+    for _ in 0..100 {
+        if answer.status != StatusCode::CONFLICT {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        answer = app.post(Some("k"), "").await;
+    }
+    assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.body);
+    assert_eq!(answer.outcome(), "executed");
+    assert_eq!(app.count(), 1);
+    assert_eq!(faults.releases.load(Ordering::SeqCst), 1);
+}
+
 /// A store that fails while the response is stored (a short outage after the handler ran)
 /// does not leave the record in flight: the layer answers the client, keeps trying within the
 /// lease, and a retry is then a replay, not a second execution.

@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::machine::{self, LeasePolicy, Step};
 use idem_core::{
-    Bytes, ClaimOutcome, ClaimRequest, Clock, Failure, Fence, Lease, OwnerToken, Record, RecordKey,
-    ScanPage, ScanQuery, Store, StoreError, StoreStats, SystemClock, Timestamp,
+    Bytes, ClaimOutcome, ClaimRequest, Clock, Failure, Fence, Lease, Record, RecordKey, ScanPage,
+    ScanQuery, Store, StoreError, StoreStats, SystemClock, Timestamp,
 };
 
 use crate::hashed::HashedKey;
@@ -371,7 +371,7 @@ impl Store for MemoryStore {
             // Read under the shard's lock: a grant of this key that another claim made (and
             // released, or had deleted) before this one took the lock has raised the floor.
             let min_fence = Fence::new(self.inner.last_fence.load(Ordering::Acquire)).successor();
-            machine::claim(existing, request, now, min_fence, OwnerToken::random())
+            machine::claim(existing, request, now, min_fence, request.grant_owner())
         })
     }
 

@@ -14,8 +14,8 @@ use deadpool_postgres::{
 };
 use idem_core::machine::{self, LeasePolicy, Step, Write};
 use idem_core::{
-    Bytes, ClaimOutcome, ClaimRequest, Failure, Fence, Lease, OwnerToken, Record, RecordKey,
-    ScanPage, ScanQuery, Store, StoreError, Timestamp, duration_micros,
+    Bytes, ClaimOutcome, ClaimRequest, Failure, Fence, Lease, Record, RecordKey, ScanPage,
+    ScanQuery, Store, StoreError, Timestamp, duration_micros,
 };
 
 use crate::config::PostgresConfig;
@@ -311,8 +311,8 @@ impl PostgresStore {
             .prepare_cached(&self.inner.sql.claim)
             .await
             .map_err(fail)?;
+        let owner = request.grant_owner();
         for _ in 0..CLAIM_ATTEMPTS {
-            let owner = OwnerToken::random();
             let row = client
                 .query_opt(
                     &statement,
@@ -351,14 +351,11 @@ impl PostgresStore {
             // Not granted: the state machine says what the record means (in flight,
             // completed, failed, mismatch). If it would grant, the row read is older than the
             // one the update saw (another claim took it over meanwhile): read again.
-            let step = machine::claim(
-                Some(&record),
-                request,
-                now,
-                Fence::MIN,
-                OwnerToken::random(),
-            )?;
-            if !matches!(step.answer, ClaimOutcome::Acquired { .. }) {
+            // A grant without a write is this claim's own, sent again: answer it.
+            let step = machine::claim(Some(&record), request, now, Fence::MIN, owner)?;
+            if !matches!(step.answer, ClaimOutcome::Acquired { .. })
+                || matches!(step.write, Write::Nothing)
+            {
                 return Ok(step.answer);
             }
         }

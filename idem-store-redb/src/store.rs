@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::machine::{self, LeasePolicy, Step, Write};
 use idem_core::{
-    Bytes, ClaimOutcome, ClaimRequest, Clock, Failure, Fence, Lease, OwnerToken, Record, RecordKey,
-    ScanPage, ScanQuery, Store, StoreError, SystemClock, Timestamp,
+    Bytes, ClaimOutcome, ClaimRequest, Clock, Failure, Fence, Lease, Record, RecordKey, ScanPage,
+    ScanQuery, Store, StoreError, SystemClock, Timestamp,
 };
 use redb::{
     Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition,
@@ -610,7 +610,7 @@ impl Store for RedbStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         let request = request.clone();
         self.transition(request.key.clone(), move |existing, now, min_fence| {
-            machine::claim(existing, &request, now, min_fence, OwnerToken::random())
+            machine::claim(existing, &request, now, min_fence, request.grant_owner())
         })
         .await
     }

@@ -237,7 +237,7 @@ fn owner_arg(owner: OwnerToken) -> [u8; 16] {
 #[async_trait]
 impl Store for RedisStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.claim_as(request, OwnerToken::random()).await
+        self.claim_as(request, request.grant_owner()).await
     }
 
     async fn heartbeat(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {

@@ -371,6 +371,46 @@ pub async fn fences_increase_under_racing_grants(
     grants.len()
 }
 
+/// A claim with an owner chosen by the caller, sent again while its grant is live (its answer
+/// was lost, or timed out), answers that same grant; any other claim still sees it in flight.
+/// Once the grant is released, the same request is granted anew, with a higher fence.
+pub async fn resent_claim_with_its_owner_gets_the_same_grant(h: &impl Harness) {
+    let store = h.store();
+    let k = key("resent-claim");
+    let owner = idem_core::OwnerToken::random();
+    let req = request(&k, "a").with_owner(owner);
+    let first = acquire(&*store, &req).await;
+    assert_eq!(first.owner, owner);
+    let again = acquire(&*store, &req).await;
+    assert_eq!(again, first, "a re-sent claim is its own grant");
+    for other in [
+        request(&k, "a"),
+        request(&k, "a").with_owner(idem_core::OwnerToken::random()),
+    ] {
+        let answer = store.claim(&other).await.expect("claim");
+        assert!(
+            matches!(answer, ClaimOutcome::InFlight { .. }),
+            "another claim: {answer:?}"
+        );
+    }
+    store.release(&again).await.expect("release");
+    let next = acquire(&*store, &req).await;
+    assert!(
+        next.fence > first.fence,
+        "{} <= {}",
+        next.fence,
+        first.fence
+    );
+    store
+        .complete(&next, Bytes::from_static(b"done"), RETENTION)
+        .await
+        .expect("complete");
+    assert!(matches!(
+        store.claim(&req).await.expect("claim"),
+        ClaimOutcome::Completed(_)
+    ));
+}
+
 /// Claims until granted, letting an in-flight lease lapse.
 async fn acquire_eventually(h: &impl Harness, store: &dyn Store, req: &ClaimRequest) -> Lease {
     for _ in 0..3 {

@@ -30,6 +30,9 @@ pub struct Faults {
     pub claim_down: AtomicBool,
     /// `claim` answers `Corrupt`.
     pub claim_corrupt: AtomicBool,
+    /// The next this many calls of `claim` reach the store, which applies them, and then
+    /// answer `Timeout` (a reply lost on its way back).
+    pub claim_lost_replies: AtomicU32,
     /// `complete` answers `Unavailable`.
     pub complete_down: AtomicBool,
     /// The next this many calls of `complete` answer `Unavailable`.
@@ -86,7 +89,14 @@ impl<S: Store> Store for FaultyStore<S> {
         if self.faults.claim_corrupt.load(Ordering::SeqCst) {
             return Err(StoreError::corrupt(&request.key, "planted by the test"));
         }
-        self.inner.claim(request).await
+        let answer = self.inner.claim(request).await;
+        if take_one(&self.faults.claim_lost_replies) {
+            return Err(StoreError::Timeout {
+                op: "claim",
+                after: Duration::ZERO,
+            });
+        }
+        answer
     }
 
     async fn heartbeat(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {

@@ -61,6 +61,7 @@ macro_rules! store_conformance {
             fences_strictly_increase_also_after_delete,
             fences_strictly_increase_under_concurrent_grants,
             resent_complete_by_the_same_owner_is_ok,
+            resent_claim_with_its_owner_gets_the_same_grant,
             retryable_fail_frees_the_key,
             permanent_fail_keeps_a_failed_record,
             release_frees_the_key,

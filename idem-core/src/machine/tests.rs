@@ -41,6 +41,39 @@ fn mismatch_wins_over_in_flight_and_writes_nothing() {
 }
 
 #[test]
+fn a_resent_claim_with_its_owner_is_its_grant_and_writes_nothing() {
+    let owner = OwnerToken::random();
+    let req = request(b"a").with_owner(owner);
+    let step = claim(None, &req, at(1), Fence::MIN, req.grant_owner()).unwrap();
+    let (Write::Put(record), ClaimOutcome::Acquired { lease, .. }) = (step.write, step.answer)
+    else {
+        panic!("not granted")
+    };
+    assert_eq!(lease.owner, owner);
+    let again = claim(Some(&record), &req, at(2), Fence::MIN, req.grant_owner()).unwrap();
+    assert_eq!(again.write, Write::Nothing);
+    assert_eq!(
+        again.answer,
+        ClaimOutcome::Acquired {
+            lease,
+            taken_over: false
+        }
+    );
+    // Anyone else sees it in flight.
+    let other = claim(
+        Some(&record),
+        &request(b"a"),
+        at(2),
+        Fence::MIN,
+        OwnerToken::random(),
+    );
+    assert!(matches!(
+        other.unwrap().answer,
+        ClaimOutcome::InFlight { .. }
+    ));
+}
+
+#[test]
 fn lapsed_lease_is_taken_over_with_a_higher_fence() {
     let (record, first) = acquire(None, &request(b"a"), at(1));
     let step = claim(
