@@ -111,10 +111,12 @@ impl std::error::Error for JobError {
 }
 
 impl From<StoreError> for JobError {
-    /// A store error inside a job: transient if the store says a retry can help, unknown
-    /// otherwise (the job may have written before it failed).
+    /// A store error inside a job: transient if the store says a retry can help and the write
+    /// cannot have landed; unknown otherwise: a timeout (the write may have been applied, only
+    /// its answer is missing) or an error a retry cannot help (the job may have written
+    /// before it failed).
     fn from(error: StoreError) -> Self {
-        if error.is_retryable() {
+        if error.is_retryable() && !matches!(error, StoreError::Timeout { .. }) {
             JobError::transient(error)
         } else {
             JobError::unknown(error)
@@ -152,5 +154,24 @@ impl<T, E: Into<BoxError>> ResultExt<T> for Result<T, E> {
 
     fn unknown_outcome(self) -> Result<T, JobError> {
         self.map_err(JobError::unknown)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn a_store_timeout_is_an_unknown_outcome() {
+        let timeout = StoreError::Timeout {
+            op: "complete",
+            after: Duration::from_secs(1),
+        };
+        assert_eq!(JobError::from(timeout).class(), ErrorClass::Unknown);
+        let refused =
+            StoreError::unavailable(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert_eq!(JobError::from(refused).class(), ErrorClass::Transient);
     }
 }
