@@ -204,26 +204,22 @@ async fn serve_gateway(
     let listen = listeners[0]
         .local_addr()
         .map_err(|err| Failure::runtime(format!("cannot read the bound address: {err}")))?;
-    let mut workers = Vec::with_capacity(listeners.len());
-    for listener in listeners {
-        let runtime = Worker::runtime().map_err(|err| {
-            Failure::runtime(format!("cannot start a serving thread's runtime: {err}"))
-        })?;
-        let worker_store = if own_stores {
-            run_on(&runtime, crate::store::open(&config.store)).map_err(Failure::runtime)??
-        } else {
-            store.clone()
-        };
-        let gateway = Gateway::new(config, worker_store, tracker.clone())?;
-        workers.push(Worker::new(runtime, listener, gateway));
-    }
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let admin = match &config.admin {
+    // The admin listener is bound before the serving threads' runtimes are made: a runtime
+    // dropped inside this one (an error returned past it) would panic.
+    let admin_listener = match &config.admin {
         Some(settings) => {
-            let admin_listener = bind(settings.listen, "the admin listener").await?;
-            let addr = admin_listener
+            let listener = bind(settings.listen, "the admin listener").await?;
+            let addr = listener
                 .local_addr()
                 .map_err(|err| Failure::runtime(format!("cannot read the bound address: {err}")))?;
+            Some((settings, listener, addr))
+        }
+        None => None,
+    };
+    let workers = workers(config, &store, own_stores, &tracker, listeners)?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let admin = match admin_listener {
+        Some((settings, admin_listener, addr)) => {
             let admin = Admin::new(store.clone(), settings.token.clone(), metrics);
             let mut admin_stopped = stopped.clone();
             tokio::spawn(admin.serve(admin_listener, async move {
@@ -254,6 +250,48 @@ async fn serve_gateway(
         task,
         stop,
     })
+}
+
+/// One [`Worker`] per listener, each with its own runtime and [`Gateway`] (and its own store
+/// connection when `own_stores`). On a failure the runtimes made so far are shut down without
+/// blocking, so this may be called from inside a runtime (dropping one there would panic).
+fn workers(
+    config: &Config,
+    store: &Arc<dyn Store>,
+    own_stores: bool,
+    tracker: &Tracker,
+    listeners: Vec<std::net::TcpListener>,
+) -> Result<Vec<Worker>, Failure> {
+    let mut workers = Vec::with_capacity(listeners.len());
+    for listener in listeners {
+        let runtime = match Worker::runtime() {
+            Ok(runtime) => runtime,
+            Err(err) => {
+                workers.into_iter().for_each(Worker::discard);
+                return Err(Failure::runtime(format!(
+                    "cannot start a serving thread's runtime: {err}"
+                )));
+            }
+        };
+        let worker_store = if own_stores {
+            run_on(&runtime, crate::store::open(&config.store))
+                .map_err(Failure::runtime)
+                .and_then(|opened| opened)
+        } else {
+            Ok(store.clone())
+        };
+        let gateway = worker_store
+            .and_then(|store| Gateway::new(config, store, tracker.clone()).map_err(Failure::from));
+        match gateway {
+            Ok(gateway) => workers.push(Worker::new(runtime, listener, gateway)),
+            Err(failure) => {
+                runtime.shutdown_background();
+                workers.into_iter().for_each(Worker::discard);
+                return Err(failure);
+            }
+        }
+    }
+    Ok(workers)
 }
 
 /// `idem serve`.

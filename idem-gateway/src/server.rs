@@ -197,6 +197,13 @@ impl Worker {
             gateway,
         }
     }
+
+    /// Lets go of a worker that will not serve (the gateway failed to start) without blocking:
+    /// its runtime is shut down in the background, so this may be called from inside another
+    /// runtime, where dropping a runtime panics.
+    pub fn discard(self) {
+        self.runtime.shutdown_background();
+    }
 }
 
 /// Runs `future` to its end on `runtime`, from a thread of its own (so also from inside

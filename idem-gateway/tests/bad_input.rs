@@ -29,8 +29,13 @@ fn file(name: &str, text: &str) -> PathBuf {
 
 /// Asserts exit code 2 and exactly one stderr line containing every one of `needles`.
 fn assert_one_line_error(output: &Output, needles: &[&str]) {
+    assert_one_line_exit(output, 2, needles);
+}
+
+/// Asserts exit code `code` and exactly one stderr line containing every one of `needles`.
+fn assert_one_line_exit(output: &Output, code: i32, needles: &[&str]) {
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "stderr: {stderr}");
+    assert_eq!(output.status.code(), Some(code), "stderr: {stderr}");
     assert_eq!(
         stderr.lines().count(),
         1,
@@ -292,4 +297,31 @@ fn admin_commands_refuse_the_memory_store_and_bad_arguments() {
 #[test]
 fn serve_without_an_upstream_says_so() {
     assert_one_line_error(&idem(&["serve", "--no-admin"]), &["no upstream"]);
+}
+
+#[test]
+fn admin_address_in_use_is_one_line_and_exit_1() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let admin = format!("127.0.0.1:{port}");
+    // One serving thread and several: the serving threads' runtimes exist when the admin
+    // address is refused, and must not be dropped inside the main one (that panicked).
+    for workers in ["1", "3"] {
+        let config = file(
+            &format!("admin-in-use-{workers}.toml"),
+            &format!("[server]\nworkers = {workers}\n"),
+        );
+        let output = idem(&[
+            "--config",
+            path(&config),
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            &admin,
+        ]);
+        assert_one_line_exit(&output, 1, &["cannot listen on", &admin, "admin"]);
+    }
 }
