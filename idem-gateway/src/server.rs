@@ -132,6 +132,14 @@ pub async fn serve(
 /// for port 0). With more than one, each is bound with `SO_REUSEPORT` and the kernel spreads
 /// the connections over them (on Linux, only sockets of the same user can share the port).
 ///
+/// `SO_REUSEPORT` would also let this process join a port another one already listens on with
+/// it (a second `idem serve` on the same address): the kernel would then split connections
+/// between the two processes, and on the memory store a key would run once in each. So when
+/// the port is not 0, a probe socket without `SO_REUSEPORT` is bound on `addr` first; it fails
+/// with "address in use" if anything listens there, another gateway included, and is closed
+/// before the shared listeners are bound. (A process that binds the port between the two steps
+/// is not caught; the probe is for the mistake of starting a gateway twice, not a lock.)
+///
 /// # Errors
 /// The first bind that fails (the address is taken, or not this machine's).
 pub fn bind_workers(
@@ -139,18 +147,11 @@ pub fn bind_workers(
     count: NonZeroUsize,
 ) -> io::Result<Vec<std::net::TcpListener>> {
     let shared = count.get() > 1;
+    if shared && addr.port() != 0 {
+        drop(bind_socket(addr, false)?);
+    }
     let bind = |addr: SocketAddr| -> io::Result<std::net::TcpListener> {
-        let socket = if addr.is_ipv4() {
-            TcpSocket::new_v4()?
-        } else {
-            TcpSocket::new_v6()?
-        };
-        socket.set_reuseaddr(true)?;
-        if shared {
-            socket.set_reuseport(true)?;
-        }
-        socket.bind(addr)?;
-        socket.listen(1024)?.into_std()
+        bind_socket(addr, shared)?.listen(1024)?.into_std()
     };
     let first = bind(addr)?;
     let addr = first.local_addr()?;
@@ -159,6 +160,22 @@ pub fn bind_workers(
         listeners.push(bind(addr)?);
     }
     Ok(listeners)
+}
+
+/// A socket bound on `addr` (`SO_REUSEADDR`, and `SO_REUSEPORT` when `reuse_port`), not yet
+/// listening.
+fn bind_socket(addr: SocketAddr, reuse_port: bool) -> io::Result<TcpSocket> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    if reuse_port {
+        socket.set_reuseport(true)?;
+    }
+    socket.bind(addr)?;
+    Ok(socket)
 }
 
 /// One serving thread: a current-thread runtime, its listener and its own [`Gateway`] (so its

@@ -9,7 +9,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{Fixture, Gateway, Http, config, eventually, free_addr};
+use common::{Fixture, Gateway, Http, config, eventually, free_addr, idem_command, spawn_gateway};
 use http::Method;
 use idem_core::{IdempotencyKey, RecordKey, State, Store};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -642,4 +642,51 @@ async fn four_serving_threads_share_the_port_and_run_each_key_once() {
     assert_eq!(fixture.count().await, 1);
     storm(&gateway, "twenty", 20, 10).await;
     assert_eq!(fixture.count().await, 21);
+}
+
+#[test]
+fn a_second_gateway_on_a_taken_address_fails_instead_of_sharing_it() {
+    // Serving threads bind with SO_REUSEPORT: without the probe, the second process joined
+    // the first one's port and the kernel split connections between two memory stores.
+    let dir = std::env::temp_dir().join(format!("idem-gateway-e2e-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("two-workers.toml");
+    std::fs::write(&file, "[server]\nworkers = 2\n").unwrap();
+    let file = file.to_str().unwrap();
+    let args = |listen: &str| {
+        [
+            "--config",
+            file,
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--no-admin",
+            "--listen",
+            listen,
+        ]
+        .map(str::to_owned)
+    };
+    let (_first, addr) = spawn_gateway(&args("127.0.0.1:0").each_ref().map(String::as_str));
+    let mut second = idem_command("serve")
+        .args(args(&addr.to_string()))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while second.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() >= deadline {
+            let _ = second.kill();
+            let _ = second.wait();
+            panic!("the second gateway serves on the first one's address");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let second = second.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("error: cannot listen on {addr} (the gateway)")),
+        "{stderr}"
+    );
+    assert!(stderr.contains("in use"), "{stderr}");
 }
