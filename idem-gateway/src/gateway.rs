@@ -1,5 +1,6 @@
 //! [`Gateway`]: matches a request to its route, runs it through that route's idempotency layer
-//! (idem-http) over the [`Proxy`], and turns an upstream failure into 502, 503 or 504.
+//! (idem-http) over the [`Proxy`], and turns an upstream failure into 502, 503 or 504 (also
+//! one the layer saw as a broken handler response: [`BrokenBody`]).
 
 use std::future::poll_fn;
 use std::net::SocketAddr;
@@ -10,7 +11,7 @@ use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use idem_core::Store;
-use idem_http::{Idempotency, IdempotencyLayer, KeyPolicy, Outcome, StoreFailure};
+use idem_http::{Idempotency, IdempotencyLayer, KeyPolicy, Outcome, Rejection, StoreFailure};
 use metrics::{Counter, Histogram};
 use serde_json::json;
 use tower_layer::Layer;
@@ -19,7 +20,7 @@ use tower_service::Service;
 use crate::body::{GatewayBody, RequestBody, boxed, full};
 use crate::config::toml::{KeyMode, OnStoreError};
 use crate::config::{Config, ConfigError, PathPattern, RouteSettings, ScopeSpec};
-use crate::proxy::{ClientAddr, Proxy, ProxyError, Tracker};
+use crate::proxy::{BrokenBody, ClientAddr, Proxy, ProxyError, Tracker};
 
 /// The metric names of the gateway, next to the layer's (see `idem_http::metrics`).
 pub mod metric {
@@ -27,8 +28,8 @@ pub mod metric {
     pub const REQUESTS: &str = "idem_gateway_requests_total";
     /// Request duration until the response head, by route, histogram (seconds).
     pub const DURATION: &str = "idem_gateway_request_duration_seconds";
-    /// Upstream failures by kind (`unreachable`, `connect_timeout`, `timeout`, `failed`,
-    /// `shutting_down`), counter.
+    /// Upstream failures by kind (`unreachable`, `connect_timeout`, `timeout`, `failed`: a
+    /// malformed response or a response body broken off, `shutting_down`), counter.
     pub const UPSTREAM_ERRORS: &str = "idem_gateway_upstream_errors_total";
 }
 
@@ -186,7 +187,7 @@ impl Gateway {
         let start = Instant::now();
         let (mut parts, body) = request.into_parts();
         parts.extensions.insert(ClientAddr(client));
-        let request = Request::from_parts(parts, RequestBody::streamed(body));
+        let mut request = Request::from_parts(parts, RequestBody::streamed(body));
         let Some(route) = self
             .routes
             .iter()
@@ -205,9 +206,14 @@ impl Gateway {
         let uri = request.uri().clone();
         let result = match &route.service {
             RouteService::Layered(service) => {
+                let broken = BrokenBody::default();
+                request.extensions_mut().insert(broken.clone());
                 let mut service = service.clone();
                 match poll_fn(|cx| service.poll_ready(cx)).await {
-                    Ok(()) => service.call(request).await.map(|r| r.map(boxed)),
+                    Ok(()) => service
+                        .call(request)
+                        .await
+                        .map(|r| upstream_broke_off(r.map(boxed), &broken)),
                     Err(err) => Err(err),
                 }
             }
@@ -237,6 +243,19 @@ impl Gateway {
             "request"
         );
         response
+    }
+}
+
+/// The layer's answer, or 502 where the layer answered 500 because the upstream broke off the
+/// response body it was reading (the key is released either way; the failure was counted and
+/// logged where it happened).
+fn upstream_broke_off(
+    response: Response<GatewayBody>,
+    broken: &BrokenBody,
+) -> Response<GatewayBody> {
+    match (response.extensions().get::<Rejection>(), broken.get()) {
+        (Some(Rejection::HandlerFailed), Some(failure)) => proxy_error_response(failure),
+        _ => response,
     }
 }
 

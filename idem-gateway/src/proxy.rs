@@ -5,31 +5,116 @@
 //!
 //! An upstream that cannot be reached or answers too late is an `Err` ([`ProxyError`]), not a
 //! response: the idempotency layer releases the key on an error (so a retry runs again, whatever
-//! `store_server_errors` says), and the gateway turns the error into 502 or 504.
+//! `store_server_errors` says), and the gateway turns the error into 502 or 504. An upstream
+//! that breaks off its response body is counted and noted in the request's [`BrokenBody`] (see
+//! there).
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri};
+use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idem_core::BoxError;
+use metrics::Counter;
 use tokio::sync::{Notify, watch};
 use tower_service::Service;
 
 use crate::body::{Guarded, RequestBody};
 use crate::config::UpstreamConfig;
+use crate::gateway::metric;
 
-/// The body of an upstream response, holding its in-flight guard until it ends.
-pub type UpstreamBody = Guarded<Incoming, InFlightGuard>;
+/// The body of an upstream response. It holds its in-flight guard until it ends, and when the
+/// upstream breaks it off (a connection closed before the `Content-Length` it announced, a
+/// malformed chunk) it counts the failure in `idem_gateway_upstream_errors_total{kind="failed"}`
+/// and notes it in the request's [`BrokenBody`], if it had one.
+#[derive(Debug)]
+pub struct UpstreamBody {
+    body: Guarded<Incoming, InFlightGuard>,
+    shared: Arc<ProxyShared>,
+    broken: Option<BrokenBody>,
+}
+
+impl UpstreamBody {
+    /// Counts, logs and notes a body error.
+    fn broke(&self, error: &hyper::Error) {
+        self.shared.body_errors.increment(1);
+        let failure = ProxyError::Failed {
+            upstream: self.shared.name.clone(),
+            source: error_chain(error).into(),
+        };
+        tracing::warn!(error = %failure, "the upstream broke off its response body");
+        if let Some(broken) = &self.broken {
+            let _ = broken.0.set(failure);
+        }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.body).poll_frame(cx);
+        if let Poll::Ready(Some(Err(error))) = &polled {
+            this.broke(error);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Where the proxy notes that the upstream broke off a response body, for the gateway to read
+/// after the idempotency layer answered: the layer reads a body of known, moderate size whole
+/// before it answers, and a body that breaks off there becomes its own 500
+/// (`Rejection::HandlerFailed`, the key released). With this the gateway answers 502 instead,
+/// as for any exchange the upstream breaks. (A body streamed to the client has sent its status
+/// already: the client sees the connection cut.) The gateway puts one in the extensions of
+/// each request it hands to the layer.
+#[derive(Clone, Debug, Default)]
+pub struct BrokenBody(Arc<OnceLock<ProxyError>>);
+
+impl BrokenBody {
+    /// The failure, once the upstream broke off the body.
+    #[must_use]
+    pub fn get(&self) -> Option<&ProxyError> {
+        self.0.get()
+    }
+}
+
+/// An error and its sources, joined by ": " (hyper's own message leaves out the cause):
+/// `client error (Connect): tcp connect error: Connection refused`.
+pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut current = error.source();
+    while let Some(err) = current {
+        text.push_str(": ");
+        text.push_str(&err.to_string());
+        current = err.source();
+    }
+    text
+}
 
 /// Why the upstream gave no response.
 #[derive(Debug, thiserror::Error)]
@@ -218,6 +303,8 @@ struct ProxyShared {
     upstream: UpstreamConfig,
     name: String,
     tracker: Tracker,
+    /// `idem_gateway_upstream_errors_total{kind="failed"}`, for broken response bodies.
+    body_errors: Counter,
 }
 
 /// Headers that describe one connection (RFC 9110 section 7.6.1) and are never forwarded.
@@ -294,7 +381,8 @@ fn is_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 impl Proxy {
-    /// A proxy to `upstream`, counting its exchanges in `tracker`.
+    /// A proxy to `upstream`, counting its exchanges in `tracker`. Metric handles are registered
+    /// now: install the recorder before.
     #[must_use]
     pub fn new(upstream: &UpstreamConfig, tracker: Tracker) -> Self {
         let mut connector = HttpConnector::new();
@@ -311,6 +399,7 @@ impl Proxy {
                 upstream: upstream.clone(),
                 name: upstream.url.to_string(),
                 tracker,
+                body_errors: metrics::counter!(metric::UPSTREAM_ERRORS, "kind" => "failed"),
             }),
         }
     }
@@ -326,6 +415,7 @@ impl Proxy {
     ) -> Result<Response<UpstreamBody>, ProxyError> {
         let shared = &self.shared;
         let guard = shared.tracker.enter();
+        let broken = request.extensions_mut().remove::<BrokenBody>();
         forwarded_headers(&mut request);
         strip_hop_by_hop(request.headers_mut());
         let path = request
@@ -380,7 +470,12 @@ impl Proxy {
         };
         let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
-        Ok(Response::from_parts(parts, Guarded::new(body, guard)))
+        let body = UpstreamBody {
+            body: Guarded::new(body, guard),
+            shared: self.shared.clone(),
+            broken,
+        };
+        Ok(Response::from_parts(parts, body))
     }
 }
 
@@ -406,7 +501,6 @@ impl Service<Request<RequestBody>> for Proxy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
 
     #[test]
     fn hop_by_hop_headers_and_the_ones_connection_names_are_removed() {

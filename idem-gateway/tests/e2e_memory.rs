@@ -320,6 +320,68 @@ async fn upstream_down_is_502_and_releases_the_key() {
     assert_eq!(fixture.count().await, 1);
 }
 
+/// An upstream that answers every request with a head announcing 100 bytes, sends 3 and
+/// closes the connection; returns its address and how many requests it got.
+async fn cut_body_upstream() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = requests.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nabc")
+                    .await;
+            });
+        }
+    });
+    (addr, requests)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_breaks_off_its_body_is_502_and_releases_the_key() {
+    let (upstream, requests) = cut_body_upstream().await;
+    let gateway =
+        Gateway::start_with_metrics(&config(upstream, ""), Some(common::metrics_recorder())).await;
+    let http = Http::new();
+    for attempt in 1..=2 {
+        let cut = http.post_key(&gateway.url("/echo"), "cut-1", "x").await;
+        assert_eq!(cut.status, 502, "{}", cut.text());
+        assert_eq!(cut.header("content-type"), Some("application/problem+json"));
+        assert!(cut.text().contains("#variant.Failed"), "{}", cut.text());
+        // The key was released: the retry went to the upstream again.
+        assert_eq!(requests.load(std::sync::atomic::Ordering::SeqCst), attempt);
+    }
+    assert!(
+        gateway
+            .store
+            .get(&record_key("cut-1"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let admin = gateway.admin.clone().unwrap();
+    let (failed, metrics) = common::metric_value(
+        &http,
+        &admin,
+        "idem_gateway_upstream_errors_total{kind=\"failed\"}",
+    )
+    .await;
+    assert!(failed.is_some_and(|n| n >= 2.0), "{metrics}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_too_slow_is_504_and_releases_the_key() {
     let fixture = Fixture::start();

@@ -17,21 +17,10 @@ use super::api::PREFIX;
 use super::form::encode;
 use crate::commands::Failure;
 use crate::config::ConfigError;
+use crate::proxy::error_chain;
 
 /// How long one admin request may take.
 const TIMEOUT: Duration = Duration::from_secs(10);
-
-/// An error with its sources (`client error (Connect): tcp connect error: Connection refused`).
-fn chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
 
 /// A client of one gateway's admin listener.
 #[derive(Clone)]
@@ -101,7 +90,7 @@ impl AdminClient {
         let (status, body) = tokio::time::timeout(TIMEOUT, exchange)
             .await
             .map_err(|_| Failure::runtime(format!("admin {url}: no answer within {TIMEOUT:?}")))?
-            .map_err(|err| Failure::runtime(format!("admin {url}: {}", chain(&*err))))?;
+            .map_err(|err| Failure::runtime(format!("admin {url}: {}", error_chain(&*err))))?;
         if status == StatusCode::UNAUTHORIZED {
             return Err(Failure::runtime(format!(
                 "admin {url}: 401: the admin listener wants a token (--admin-token or IDEM_ADMIN_TOKEN)"

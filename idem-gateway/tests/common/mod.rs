@@ -315,6 +315,20 @@ impl Gateway {
     }
 }
 
+/// The value of the Prometheus series `series` (a name with its labels, as rendered) on the
+/// admin listener at `admin`, and the whole text for a failure message.
+pub async fn metric_value(http: &Http, admin: &str, series: &str) -> (Option<f64>, String) {
+    let text = http
+        .send(Method::GET, &format!("{admin}/metrics"), &[], "")
+        .await
+        .text();
+    let value = text
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.parse().ok());
+    (value, text)
+}
+
 /// Polls `check` every 20 ms until it holds or `limit` passes.
 pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
 where
