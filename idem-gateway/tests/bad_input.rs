@@ -256,6 +256,29 @@ fn missing_file_and_missing_upstream() {
 }
 
 #[test]
+fn upstream_port_out_of_range_in_the_file_and_in_a_flag() {
+    for port in ["99999", "0"] {
+        let bad = file(
+            &format!("upstream-port-{port}.toml"),
+            &format!("[upstream]\nurl = \"http://127.0.0.1:{port}\"\n"),
+        );
+        assert_one_line_error(
+            &idem(&["check-config", path(&bad)]),
+            &[
+                &format!("upstream-port-{port}.toml:2:7"),
+                &format!("port \"{port}\" is not a number from 1 to 65535"),
+            ],
+        );
+        let empty = file("no-upstream.toml", "");
+        let url = format!("http://127.0.0.1:{port}");
+        assert_one_line_error(
+            &idem(&["check-config", path(&empty), "--upstream", &url]),
+            &["--upstream", "is not a number from 1 to 65535"],
+        );
+    }
+}
+
+#[test]
 fn json_errors_are_one_object() {
     let bad = file("json.toml", "[upstream]\nurl = 5\n");
     let output = idem(&["check-config", "--json", path(&bad)]);

@@ -298,6 +298,18 @@ impl FromStr for UpstreamUrl {
                 "invalid upstream URL {text:?}: write it like http://127.0.0.1:3000"
             ));
         }
+        // The port as written (`http` accepts any digits there): 1 to 65535, or none.
+        let port = authority
+            .as_str()
+            .strip_prefix(authority.host())
+            .and_then(|rest| rest.strip_prefix(':'));
+        if let Some(port) = port {
+            if !port.parse::<u16>().is_ok_and(|port| port > 0) {
+                return Err(format!(
+                    "invalid upstream URL {text:?}: port {port:?} is not a number from 1 to 65535"
+                ));
+            }
+        }
         if parts
             .path_and_query
             .is_some_and(|pq| pq.as_str() != "/" && !pq.as_str().is_empty())
@@ -547,12 +559,18 @@ mod tests {
         let url: UpstreamUrl = "http://127.0.0.1:3000".parse().unwrap();
         assert_eq!(url.to_string(), "http://127.0.0.1:3000");
         assert!("http://127.0.0.1:3000/".parse::<UpstreamUrl>().is_ok());
+        assert!("http://[::1]:8080".parse::<UpstreamUrl>().is_ok());
+        assert!("http://localhost".parse::<UpstreamUrl>().is_ok());
         for bad in [
             "https://x",
             "127.0.0.1:3000",
             "http://h/base",
             "ftp://h",
             "http://u@h",
+            "http://127.0.0.1:99999",
+            "http://127.0.0.1:0",
+            "http://127.0.0.1:",
+            "http://[::1]:70000",
             "",
         ] {
             assert!(bad.parse::<UpstreamUrl>().is_err(), "{bad}");
