@@ -337,9 +337,10 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
-/// Sets `X-Forwarded-For` (the client's address appended), `X-Forwarded-Proto` (`http`) and
-/// `X-Forwarded-Host` (the `Host` the client asked for), and keeps `Host` (from the URI's
-/// authority for an HTTP/2 request, which has none).
+/// Sets `X-Forwarded-For` (the field lines the client sent, joined into one, and the client's
+/// address appended), `X-Forwarded-Proto` (`http`) and `X-Forwarded-Host` (the `Host` the
+/// client asked for), and keeps `Host` (from the URI's authority for an HTTP/2 request, which
+/// has none).
 fn forwarded_headers(request: &mut Request<RequestBody>) {
     let client = request.extensions().get::<ClientAddr>().copied();
     let authority = request.uri().authority().map(|a| a.as_str().to_owned());
@@ -350,11 +351,16 @@ fn forwarded_headers(request: &mut Request<RequestBody>) {
         }
     }
     if let Some(ClientAddr(addr)) = client {
-        let ip = addr.ip().to_string();
-        let value = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-            Some(earlier) => format!("{earlier}, {ip}"),
-            None => ip,
-        };
+        // Every field line the client sent, in order (a list may be split over several lines,
+        // RFC 9110 section 5.3), then the client's own address.
+        let mut value = String::new();
+        for earlier in headers.get_all(&X_FORWARDED_FOR) {
+            if let Ok(earlier) = earlier.to_str() {
+                value.push_str(earlier);
+                value.push_str(", ");
+            }
+        }
+        value.push_str(&addr.ip().to_string());
         if let Ok(value) = HeaderValue::from_str(&value) {
             headers.insert(X_FORWARDED_FOR, value);
         }
@@ -526,6 +532,7 @@ mod tests {
         let mut request = Request::post("/p")
             .header(header::HOST, "api.example.com")
             .header("x-forwarded-for", "10.0.0.1")
+            .header("x-forwarded-for", "10.0.0.2, 10.0.0.3")
             .body(RequestBody::from(Bytes::new()))
             .unwrap();
         request
@@ -533,7 +540,11 @@ mod tests {
             .insert(ClientAddr("127.0.0.9:5000".parse().unwrap()));
         forwarded_headers(&mut request);
         let h = request.headers();
-        assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.9");
+        assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
+        assert_eq!(
+            h["x-forwarded-for"],
+            "10.0.0.1, 10.0.0.2, 10.0.0.3, 127.0.0.9"
+        );
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["x-forwarded-host"], "api.example.com");
         assert_eq!(h[header::HOST], "api.example.com");

@@ -517,7 +517,7 @@ async fn forwarded_headers_are_set_host_is_kept_and_hop_by_hop_headers_are_strip
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     stream
         .write_all(
-            b"GET /who?x=1 HTTP/1.1\r\nhost: api.example.com\r\nx-forwarded-for: 10.1.2.3\r\nconnection: close, x-hop\r\nx-hop: secret\r\nkeep-alive: timeout=5\r\nproxy-authorization: Basic Zm9v\r\n\r\n",
+            b"GET /who?x=1 HTTP/1.1\r\nhost: api.example.com\r\nx-forwarded-for: 10.1.2.3\r\nx-forwarded-for: 10.4.5.6\r\nconnection: close, x-hop\r\nx-hop: secret\r\nkeep-alive: timeout=5\r\nproxy-authorization: Basic Zm9v\r\n\r\n",
         )
         .await
         .unwrap();
@@ -528,7 +528,7 @@ async fn forwarded_headers_are_set_host_is_kept_and_hop_by_hop_headers_are_strip
     assert!(lower.contains("get /who?x=1\n"), "{raw}");
     assert!(lower.contains("host: api.example.com\n"), "{raw}");
     assert!(
-        lower.contains("x-forwarded-for: 10.1.2.3, 127.0.0.1\n"),
+        lower.contains("x-forwarded-for: 10.1.2.3, 10.4.5.6, 127.0.0.1\n"),
         "{raw}"
     );
     assert!(lower.contains("x-forwarded-proto: http\n"), "{raw}");
