@@ -128,7 +128,8 @@ pub enum Command {
 /// `idem keys ...`.
 #[derive(Debug, Subcommand)]
 pub enum KeysCommand {
-    /// Show one record.
+    /// Show one record: its state, owner, fence, attempt, times, stored status and failure,
+    /// one `field: value` line each (the names of --json).
     Get {
         /// The idempotency key.
         key: String,

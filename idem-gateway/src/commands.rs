@@ -17,7 +17,7 @@ use crate::cli::{Cli, Command, KeysCommand, StoreCommand};
 use crate::config::{self, Config, ConfigError, StoreSpec};
 use crate::gateway::{Gateway, check_routes};
 use crate::proxy::Tracker;
-use crate::records::{record_json, record_key, record_line, scan_query};
+use crate::records::{record_json, record_key, record_line, record_text, scan_query};
 use crate::server::{Drained, Worker, run_on, serve_workers};
 
 /// Why a command failed, and the exit code that says so.
@@ -396,7 +396,7 @@ async fn keys(config: &Config, admin: Option<&str>, command: KeysCommand) -> Res
             let source = KeySource::open(config, admin).await?;
             match source.get(&key).await? {
                 Some(record) if json => say(&record.to_string()),
-                Some(record) => say(&record_line(&record)),
+                Some(record) => say(&record_text(&record)),
                 None if json => say("null"),
                 None => return Err(Failure::runtime(format!("no record at {key}"))),
             }

@@ -1,5 +1,6 @@
 //! Records as the admin tools show them: one JSON shape (the admin API's, `idem keys --json`)
-//! and one line format rendered from it, so `idem keys` prints the same whether it reads the
+//! and two text formats rendered from it (one line per record for `keys list`, the whole record
+//! for `keys get`), so `idem keys` prints the same whether it reads the
 //! store itself or asks a running gateway's admin listener. Also the parsing of the key, scope
 //! and list filters that both paths share.
 
@@ -71,6 +72,53 @@ pub fn record_line(record: &Value) -> String {
     )
 }
 
+/// The fields of a record in `idem keys get`'s text, in order: what it is, who holds it, when,
+/// and what it stored.
+const RECORD_FIELDS: [&str; 14] = [
+    "key",
+    "scope",
+    "state",
+    "owner",
+    "fence",
+    "attempt",
+    "created_at",
+    "lease_until",
+    "completed_at",
+    "expires_at",
+    "status",
+    "result_bytes",
+    "failure",
+    "fingerprint",
+];
+
+/// A record, given as [`record_json`] made it, as `field: value` lines (the JSON's field names;
+/// `-` for a value it does not have, such as the status of a record in flight).
+#[must_use]
+pub fn record_text(record: &Value) -> String {
+    let value = |name: &str| match &record[name] {
+        Value::String(text) if !text.is_empty() => text.clone(),
+        Value::Number(number) => number.to_string(),
+        Value::Object(failure) if name == "failure" => format!(
+            "{} ({})",
+            failure
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("?"),
+            if failure.get("retryable").and_then(Value::as_bool) == Some(true) {
+                "retryable"
+            } else {
+                "permanent"
+            }
+        ),
+        _ => "-".to_owned(),
+    };
+    RECORD_FIELDS
+        .iter()
+        .map(|name| format!("{name}: {}", value(name)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// The record key of `key` in `scope` (empty: no scope); errors name `KEY` or `--scope`.
 ///
 /// # Errors
@@ -138,6 +186,25 @@ mod tests {
         assert_eq!(
             record_line(&value),
             "k\tscope=-\tcompleted status=201\tfence=7\tattempt=1\tcreated=2026-01-01T00:00:00.000Z\texpires=2026-01-02T00:00:00.000Z"
+        );
+    }
+
+    #[test]
+    fn the_whole_record_is_rendered_from_the_json() {
+        let value = json!({
+            "key": "k", "scope": "", "state": "failed", "owner": "ab12", "fence": 7,
+            "attempt": 2, "created_at": "2026-01-01T00:00:00.000Z",
+            "lease_until": "2026-01-01T00:00:30.000Z", "completed_at": null,
+            "expires_at": "2026-01-02T00:00:00.000Z", "status": null, "result_bytes": null,
+            "failure": { "message": "card declined", "retryable": false },
+            "fingerprint": "f00d",
+        });
+        assert_eq!(
+            record_text(&value),
+            "key: k\nscope: -\nstate: failed\nowner: ab12\nfence: 7\nattempt: 2\n\
+             created_at: 2026-01-01T00:00:00.000Z\nlease_until: 2026-01-01T00:00:30.000Z\n\
+             completed_at: -\nexpires_at: 2026-01-02T00:00:00.000Z\nstatus: -\n\
+             result_bytes: -\nfailure: card declined (permanent)\nfingerprint: f00d"
         );
     }
 

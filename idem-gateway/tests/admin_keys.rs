@@ -14,7 +14,7 @@ use common::{
 use http::Method;
 use idem_core::{ClaimRequest, Fingerprint, IdempotencyKey, RecordKey, Store};
 use idem_gateway::config::Overrides;
-use idem_gateway::records::{record_json, record_line};
+use idem_gateway::records::{record_json, record_text};
 
 const TOKEN: &str = "admin-test-token";
 
@@ -147,7 +147,19 @@ async fn keys_through_the_admin_listener_list_and_delete_a_request_in_flight() {
     let record = store.get(&record_key("adm-done")).await.unwrap().unwrap();
     let line_out = idem_keys(&admin, Some(TOKEN), &["get", "adm-done"]).await;
     let json_out = idem_keys(&admin, Some(TOKEN), &["get", "adm-done", "--json"]).await;
-    assert_eq!(line_out.1.trim(), record_line(&record_json(&record)));
+    assert_eq!(line_out.1.trim(), record_text(&record_json(&record)));
+    for field in [
+        "state: completed",
+        "owner: ",
+        "lease_until: ",
+        "status: 201",
+    ] {
+        assert!(
+            line_out.1.contains(field),
+            "{field:?} not in {}",
+            line_out.1
+        );
+    }
     assert_eq!(json_out.1.trim(), record_json(&record).to_string());
 
     // Without the token: refused, exit 1, one line saying so.
