@@ -122,6 +122,10 @@ pub enum Command {
         command: StoreCommand,
     },
     /// A gateway and a built-in upstream on free ports, with curl lines to try.
+    ///
+    /// The gateway takes --listen, --admin-listen, --admin-token, --no-admin, --lease and
+    /// --retention. It runs on the memory store in front of its own upstream: --config,
+    /// --upstream and a --store other than memory (or their IDEM_* variables) are refused.
     Demo,
 }
 

@@ -84,13 +84,13 @@ pub fn run(cli: Cli, install_metrics: &dyn Fn() -> Option<RenderMetrics>) -> Res
             runtime()?.block_on(serve(config, metrics))
         }
         Command::Demo => {
-            let config = config::load(cli.config.as_deref(), &overrides)?;
+            crate::demo::check_flags(cli.config.as_deref(), &overrides)?;
             let metrics = if overrides.no_admin {
                 None
             } else {
                 install_metrics()
             };
-            runtime()?.block_on(crate::demo::run(config, &overrides, metrics))
+            runtime()?.block_on(crate::demo::run(&overrides, metrics))
         }
         Command::Keys { admin, command } => {
             let config = config::load(cli.config.as_deref(), &overrides)?;

@@ -1,8 +1,14 @@
 //! `idem demo`: a gateway on the memory store in front of a built-in payments upstream, both on
 //! free ports, with curl lines to try.
+//!
+//! The flags that shape the gateway apply (`--listen`, `--admin-listen`, `--admin-token`,
+//! `--no-admin`, `--lease`, `--retention`); the ones that would replace what the demo is made
+//! of (`--config`, `--upstream`, a `--store` other than `memory`) are refused by
+//! [`check_flags`] rather than ignored.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -20,7 +26,7 @@ use tokio::net::TcpListener;
 use crate::admin::RenderMetrics;
 use crate::body::{GatewayBody, full};
 use crate::commands::{Failure, bind, say, start};
-use crate::config::{self, Config, Overrides};
+use crate::config::{self, Config, ConfigError, Overrides, StoreSpec};
 
 /// The built-in upstream: `POST /payments[?delay=2s]` charges (counts an execution, answers
 /// 201 with a payment id) after an optional delay; `GET /executions` tells how many ran.
@@ -114,6 +120,33 @@ impl DemoUpstream {
     }
 }
 
+/// Refuses the settings `idem demo` cannot honour: a configuration file (`config`), an upstream
+/// or a store other than `memory`. From a flag or its environment variable alike: the demo is
+/// its own upstream on the memory store, and `idem serve` is the gateway for the rest.
+///
+/// # Errors
+/// [`ConfigError`] naming the flag and its variable.
+pub fn check_flags(config: Option<&Path>, overrides: &Overrides) -> Result<(), ConfigError> {
+    let refuse = |flag: &str, variable: &str| {
+        Err(ConfigError::new(
+            Some(format!("{flag} (or {variable})")),
+            "idem demo runs its own upstream on the memory store and takes no config file, upstream or store: unset it, or run idem serve",
+        ))
+    };
+    if config.is_some() {
+        return refuse("--config", "IDEM_CONFIG");
+    }
+    if overrides.upstream.is_some() {
+        return refuse("--upstream", "IDEM_UPSTREAM");
+    }
+    if let Some(store) = &overrides.store {
+        if store.parse::<StoreSpec>().ok() != Some(StoreSpec::Memory) {
+            return refuse("--store", "IDEM_STORE");
+        }
+    }
+    Ok(())
+}
+
 /// The demo's configuration: the payments route requires a key; everything else is default.
 fn demo_config(upstream: SocketAddr, overrides: &Overrides) -> Result<Config, Failure> {
     let text = format!(
@@ -186,15 +219,11 @@ pub fn instructions(
     text
 }
 
-/// `idem demo`: runs until Ctrl-C (or SIGTERM).
+/// `idem demo`: runs until Ctrl-C (or SIGTERM). Call [`check_flags`] first.
 ///
 /// # Errors
 /// [`Failure`]: a bad override, or a port that cannot be bound.
-pub async fn run(
-    _file: Config,
-    overrides: &Overrides,
-    metrics: Option<RenderMetrics>,
-) -> Result<(), Failure> {
+pub async fn run(overrides: &Overrides, metrics: Option<RenderMetrics>) -> Result<(), Failure> {
     let upstream_listener =
         bind(config::internal::loopback_any_port(), "the demo upstream").await?;
     let upstream_addr = upstream_listener

@@ -10,12 +10,13 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{Http, Proc, drain, idem_command};
+use common::{Http, Proc, Reply, assert_one_error_line, drain, free_addr, idem_command};
 use http::Method;
 
-/// Starts `idem demo` and reads the gateway's and the upstream's addresses from its output.
-fn start_demo() -> (Proc, SocketAddr, SocketAddr) {
-    let mut child = idem_command("demo").spawn().unwrap();
+/// Starts `idem demo` with `args` and reads the gateway's and the upstream's addresses from
+/// its output.
+fn start_demo(args: &[&str]) -> (Proc, SocketAddr, SocketAddr) {
+    let mut child = idem_command("demo").args(args).spawn().unwrap();
     let mut reader = BufReader::new(child.stdout.take().unwrap());
     let (mut gateway, mut upstream) = (None, None);
     let mut line = String::new();
@@ -37,9 +38,27 @@ fn start_demo() -> (Proc, SocketAddr, SocketAddr) {
     (Proc { child }, gateway.unwrap(), upstream.unwrap())
 }
 
+/// Sends a slow payment (2 s) with `key`, and the same 300 ms later; returns the one that ran
+/// and the duplicate (whichever reached the gateway first runs).
+async fn race(http: &Http, gateway: SocketAddr, key: &str) -> (Reply, Reply) {
+    let slow = format!("http://{gateway}/payments?delay=2s");
+    let first = {
+        let (http, slow, key) = (http.clone(), slow.clone(), key.to_owned());
+        tokio::spawn(async move { http.post_key(&slow, &key, "x").await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = http.post_key(&slow, key, "x").await;
+    let first = first.await.unwrap();
+    if first.status == 409 {
+        (second, first)
+    } else {
+        (first, second)
+    }
+}
+
 #[tokio::test]
 async fn the_demo_answers_its_five_curl_lines_as_it_says() {
-    let (_demo, gateway, upstream) = start_demo();
+    let (_demo, gateway, upstream) = start_demo(&[]);
     let http = Http::new();
     let payments = format!("http://{gateway}/payments");
 
@@ -72,19 +91,7 @@ async fn the_demo_answers_its_five_curl_lines_as_it_says() {
 
     // 5. A retry while the first attempt runs: 409 with Retry-After. (Whichever of the two
     // reaches the gateway first runs; the other is the duplicate.)
-    let slow = format!("http://{gateway}/payments?delay=2s");
-    let first = {
-        let (http, slow) = (http.clone(), slow.clone());
-        tokio::spawn(async move { http.post_key(&slow, "order-2", "x").await })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let second = http.post_key(&slow, "order-2", "x").await;
-    let first = first.await.unwrap();
-    let (ran, duplicate) = if first.status == 409 {
-        (second, first)
-    } else {
-        (first, second)
-    };
+    let (ran, duplicate) = race(&http, gateway, "order-2").await;
     assert_eq!(ran.status, 201, "{}", ran.text());
     assert_eq!(duplicate.status, 409, "{}", duplicate.text());
     assert!(duplicate.header("retry-after").is_some());
@@ -99,4 +106,53 @@ async fn the_demo_answers_its_five_curl_lines_as_it_says() {
         )
         .await;
     assert_eq!(executions.text(), r#"{"executions":2}"#);
+}
+
+#[tokio::test]
+async fn the_demo_takes_the_gateway_flags() {
+    let (listen, admin) = (free_addr(), free_addr());
+    let (_demo, gateway, _) = start_demo(&[
+        "--listen",
+        &listen.to_string(),
+        "--admin-listen",
+        &admin.to_string(),
+        "--lease",
+        "4s",
+    ]);
+    assert_eq!(gateway, listen);
+    let http = Http::new();
+    let ready = http
+        .send(Method::GET, &format!("http://{admin}/readyz"), &[], "")
+        .await;
+    assert_eq!(ready.status, 200, "{}", ready.text());
+    // The lease applies: a duplicate in flight is told to come back within it, not in 30s.
+    let (_, duplicate) = race(&http, gateway, "lease-1").await;
+    assert_eq!(duplicate.status, 409, "{}", duplicate.text());
+    let retry_after: u64 = duplicate.header("retry-after").unwrap().parse().unwrap();
+    assert!(retry_after <= 4, "Retry-After {retry_after}");
+}
+
+#[test]
+fn the_demo_refuses_a_config_an_upstream_or_a_store() {
+    for (args, flag) in [
+        (
+            &["--store", "redis://127.0.0.1:6379"][..],
+            "--store (or IDEM_STORE)",
+        ),
+        (
+            &["--upstream", "http://127.0.0.1:3000"][..],
+            "--upstream (or IDEM_UPSTREAM)",
+        ),
+        (
+            &["--config", "idem.example.toml"][..],
+            "--config (or IDEM_CONFIG)",
+        ),
+    ] {
+        let output = idem_command("demo").args(args).output().unwrap();
+        assert_one_error_line(
+            &output,
+            2,
+            &format!("{flag}: idem demo runs its own upstream"),
+        );
+    }
 }

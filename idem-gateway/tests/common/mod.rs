@@ -363,6 +363,15 @@ pub fn idem_command(subcommand: &str) -> Command {
     command
 }
 
+/// Asserts that a finished `idem` process exited with `code` and wrote exactly one stderr line,
+/// starting with `error: {start}`.
+pub fn assert_one_error_line(output: &std::process::Output, code: i32, start: &str) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(code), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with(&format!("error: {start}")), "{stderr}");
+}
+
 /// An `idem serve` process: `args` after `serve`; waits for its "listening on" line.
 pub fn spawn_gateway(args: &[&str]) -> (Proc, SocketAddr) {
     let mut child = idem_command("serve").args(args).spawn().unwrap();
