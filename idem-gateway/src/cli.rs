@@ -175,7 +175,8 @@ pub enum KeysCommand {
 /// `idem store ...`.
 #[derive(Debug, Subcommand)]
 pub enum StoreCommand {
-    /// Create or upgrade the store's schema (PostgreSQL, redb).
+    /// Create or upgrade the store's schema: PostgreSQL applies its migrations; redb creates
+    /// the file with its tables, or checks an existing one.
     Migrate {
         /// JSON output.
         #[arg(long)]

@@ -71,8 +71,21 @@ pub async fn maintain(config: &StoreConfig, migrate: bool) -> Result<String, Fai
         (StoreSpec::Redis(_), false) => {
             Ok("the redis store expires records by TTL: nothing to sweep".into())
         }
-        (StoreSpec::Redb(_), true) => {
-            Ok("the redb store needs no migration: the file is created and checked on open".into())
+        // redb has no migrations: opening the file creates it with its tables, or checks an
+        // existing one's format and tables. Done here, so that a bad path fails now.
+        #[cfg(feature = "redb")]
+        (StoreSpec::Redb(path), true) => {
+            let existed = path.exists();
+            idem_store_redb::RedbStore::open(path)
+                .map_err(|err| unreachable(&config.spec, &err))?;
+            Ok(if existed {
+                format!(
+                    "{}: checked: a redb store file with its tables",
+                    path.display()
+                )
+            } else {
+                format!("{}: created, with its tables", path.display())
+            })
         }
         #[cfg(feature = "redb")]
         (StoreSpec::Redb(path), false) => {

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{Fixture, Http, spawn_gateway};
+use common::{Fixture, Http, assert_one_error_line, idem_command, spawn_gateway};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_stored_in_redb_is_replayed_after_kill_9_and_restart() {
@@ -42,5 +42,32 @@ async fn a_response_stored_in_redb_is_replayed_after_kill_9_and_restart() {
     assert_eq!(replay.text(), "kept");
     assert_eq!(fixture.count().await, 1);
     drop(_second);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn store_migrate_creates_or_checks_the_file_and_fails_on_a_bad_path() {
+    let migrate = |store: &str| {
+        idem_command("store")
+            .args(["migrate", "--store", store])
+            .output()
+            .unwrap()
+    };
+    let bad = migrate("redb:/nonexistent/dir/x.redb");
+    assert_one_error_line(&bad, 1, "store redb:/nonexistent/dir/x.redb: ");
+
+    let dir = std::env::temp_dir().join(format!("idem-gw-redb-migrate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("records.redb");
+    let store = format!("redb:{}", file.display());
+    let created = migrate(&store);
+    let out = String::from_utf8_lossy(&created.stdout);
+    assert!(created.status.success(), "{out}");
+    assert!(out.contains("created"), "{out}");
+    assert!(file.exists());
+    let checked = migrate(&store);
+    let out = String::from_utf8_lossy(&checked.stdout);
+    assert!(checked.status.success(), "{out}");
+    assert!(out.contains("checked"), "{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }
