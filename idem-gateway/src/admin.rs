@@ -29,7 +29,7 @@ use idem_core::Store;
 use tokio::net::TcpListener;
 
 use crate::body::{GatewayBody, full};
-use crate::records::record_key;
+use crate::records::{ArgNames, record_key};
 use access::{Throttle, addressed_directly, same};
 use monitor::Monitor;
 use session::Sessions;
@@ -336,6 +336,7 @@ impl Admin {
                 let key = match record_key(
                     form::value(&form, "key").unwrap_or_default(),
                     form::value(&form, "scope").unwrap_or_default(),
+                    ArgNames::PARAMS,
                 ) {
                     Ok(key) => key,
                     Err(err) => return text(StatusCode::BAD_REQUEST, format!("{err}\n")),

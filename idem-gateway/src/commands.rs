@@ -17,7 +17,7 @@ use crate::cli::{Cli, Command, KeysCommand, StoreCommand};
 use crate::config::{self, Config, ConfigError, StoreSpec};
 use crate::gateway::{Gateway, check_routes};
 use crate::proxy::Tracker;
-use crate::records::{record_json, record_key, record_line, record_text, scan_query};
+use crate::records::{ArgNames, record_json, record_key, record_line, record_text, scan_query};
 use crate::server::{Drained, Worker, run_on, serve_workers};
 
 /// Why a command failed, and the exit code that says so.
@@ -392,7 +392,7 @@ impl KeySource {
 async fn keys(config: &Config, admin: Option<&str>, command: KeysCommand) -> Result<(), Failure> {
     match command {
         KeysCommand::Get { key, scope, json } => {
-            let key = record_key(&key, &scope)?;
+            let key = record_key(&key, &scope, ArgNames::FLAGS)?;
             let source = KeySource::open(config, admin).await?;
             match source.get(&key).await? {
                 Some(record) if json => say(&record.to_string()),
@@ -403,7 +403,7 @@ async fn keys(config: &Config, admin: Option<&str>, command: KeysCommand) -> Res
             Ok(())
         }
         KeysCommand::Delete { key, scope, json } => {
-            let key = record_key(&key, &scope)?;
+            let key = record_key(&key, &scope, ArgNames::FLAGS)?;
             let source = KeySource::open(config, admin).await?;
             let deleted = source.delete(&key).await?;
             if json {
@@ -421,7 +421,12 @@ async fn keys(config: &Config, admin: Option<&str>, command: KeysCommand) -> Res
             limit,
             json,
         } => {
-            let mut query = scan_query(state.as_deref(), older_than.as_deref(), limit)?;
+            let mut query = scan_query(
+                state.as_deref(),
+                older_than.as_deref(),
+                limit,
+                ArgNames::FLAGS,
+            )?;
             let source = KeySource::open(config, admin).await?;
             let mut records = Vec::new();
             loop {

@@ -119,15 +119,48 @@ pub fn record_text(record: &Value) -> String {
         .join("\n")
 }
 
-/// The record key of `key` in `scope` (empty: no scope); errors name `KEY` or `--scope`.
+/// How errors name the arguments of a record query: the command line's ([`ArgNames::FLAGS`])
+/// or those of the key API and the `/ui` form ([`ArgNames::PARAMS`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArgNames {
+    /// The key.
+    pub key: &'static str,
+    /// The scope.
+    pub scope: &'static str,
+    /// The state filter.
+    pub state: &'static str,
+    /// The age filter.
+    pub older_than: &'static str,
+}
+
+impl ArgNames {
+    /// `idem keys`: `KEY`, `--scope`, `--state`, `--older-than`.
+    pub const FLAGS: ArgNames = ArgNames {
+        key: "KEY",
+        scope: "--scope",
+        state: "--state",
+        older_than: "--older-than",
+    };
+    /// The key API's query parameters and the `/ui` form's fields: `key`, `scope`, `state`,
+    /// `older_than`.
+    pub const PARAMS: ArgNames = ArgNames {
+        key: "key",
+        scope: "scope",
+        state: "state",
+        older_than: "older_than",
+    };
+}
+
+/// The record key of `key` in `scope` (empty: no scope); errors name the argument as `names`
+/// does.
 ///
 /// # Errors
 /// [`ConfigError`] when the key or the scope is not valid.
-pub fn record_key(key: &str, scope: &str) -> Result<RecordKey, ConfigError> {
+pub fn record_key(key: &str, scope: &str, names: ArgNames) -> Result<RecordKey, ConfigError> {
     let key = IdempotencyKey::new(key)
-        .map_err(|err| ConfigError::new(Some("KEY".to_owned()), err.to_string()))?;
+        .map_err(|err| ConfigError::new(Some(names.key.to_owned()), err.to_string()))?;
     let scope = Scope::new(scope)
-        .map_err(|err| ConfigError::new(Some("--scope".to_owned()), scope_error(&err)))?;
+        .map_err(|err| ConfigError::new(Some(names.scope.to_owned()), scope_error(&err)))?;
     Ok(RecordKey::new(scope, key))
 }
 
@@ -148,23 +181,24 @@ fn scope_error(err: &KeyError) -> String {
 /// human duration such as `10m`) and a page size, clamped to 1..=[`ScanQuery::DEFAULT_LIMIT`].
 ///
 /// # Errors
-/// [`ConfigError`] naming `--state` or `--older-than`.
+/// [`ConfigError`] naming the state or the age as `names` does.
 pub fn scan_query(
     state: Option<&str>,
     older_than: Option<&str>,
     limit: usize,
+    names: ArgNames,
 ) -> Result<ScanQuery, ConfigError> {
     let mut query = ScanQuery::all().with_limit(limit.clamp(1, ScanQuery::DEFAULT_LIMIT));
     if let Some(state) = state {
         let state: State = state.parse().map_err(|err: idem_core::ParseStateError| {
-            ConfigError::new(Some("--state".to_owned()), err.to_string())
+            ConfigError::new(Some(names.state.to_owned()), err.to_string())
         })?;
         query = query.with_state(state);
     }
     if let Some(age) = older_than {
         let age: HumanDuration = age
             .parse()
-            .map_err(|err: String| ConfigError::new(Some("--older-than".to_owned()), err))?;
+            .map_err(|err: String| ConfigError::new(Some(names.older_than.to_owned()), err))?;
         query = query.with_min_age(age.0);
     }
     Ok(query)
@@ -209,29 +243,40 @@ mod tests {
     }
 
     #[test]
-    fn filters_are_checked_with_the_flag_names() {
-        let query = scan_query(Some("in_flight"), Some("10m"), 1000).unwrap();
+    fn filters_are_checked_with_the_names_of_their_caller() {
+        let query = scan_query(Some("in_flight"), Some("10m"), 1000, ArgNames::FLAGS).unwrap();
         assert_eq!(query.state, Some(State::InFlight));
         assert_eq!(query.limit, ScanQuery::DEFAULT_LIMIT);
         assert!(
-            scan_query(Some("done"), None, 1)
+            scan_query(Some("done"), None, 1, ArgNames::FLAGS)
                 .unwrap_err()
                 .to_string()
                 .contains("--state")
         );
         assert!(
-            scan_query(None, Some("soon"), 1)
+            scan_query(None, Some("soon"), 1, ArgNames::FLAGS)
                 .unwrap_err()
                 .to_string()
                 .contains("--older-than")
         );
-        assert!(record_key("bad\u{1}", "").is_err());
-        let long = record_key("k", &"s".repeat(300)).unwrap_err().to_string();
+        assert!(record_key("bad\u{1}", "", ArgNames::FLAGS).is_err());
+        let long = record_key("k", &"s".repeat(300), ArgNames::FLAGS)
+            .unwrap_err()
+            .to_string();
         assert!(
             long.contains("--scope") && long.contains("the scope is 300 bytes long"),
             "{long}"
         );
-        let control = record_key("k", "a\u{7}").unwrap_err().to_string();
+        let control = record_key("k", "a\u{7}", ArgNames::FLAGS)
+            .unwrap_err()
+            .to_string();
         assert!(control.contains("byte 1 of the scope is 0x07"), "{control}");
+        // The key API names its query parameters instead.
+        let state = scan_query(Some("bogus"), None, 1, ArgNames::PARAMS).unwrap_err();
+        assert!(state.to_string().starts_with("state: "), "{state}");
+        let age = scan_query(None, Some("soon"), 1, ArgNames::PARAMS).unwrap_err();
+        assert!(age.to_string().starts_with("older_than: "), "{age}");
+        let scope = record_key("k", "a\u{7}", ArgNames::PARAMS).unwrap_err();
+        assert!(scope.to_string().starts_with("scope: "), "{scope}");
     }
 }

@@ -170,6 +170,15 @@ async fn keys_through_the_admin_listener_list_and_delete_a_request_in_flight() {
         "{err}"
     );
 
+    // A wrong token: said to be refused, not missing.
+    let (code, _, err) = idem_keys(&admin, Some("not-the-token"), &["list"]).await;
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("401") && err.contains("refused the token"),
+        "{err}"
+    );
+
     let (code, out, err) = idem_keys(&admin, Some(TOKEN), &["delete", "adm-slow"]).await;
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.trim(), "deleted adm-slow");
@@ -229,15 +238,20 @@ async fn the_key_api_pages_filters_and_escapes_keys() {
     assert_eq!(one["key"], odd);
     assert_eq!(one["status"], 201);
 
-    let bad = http
-        .send(
-            Method::GET,
-            &format!("{admin}/api/keys?state=done"),
-            &[],
-            "",
-        )
-        .await;
-    assert_eq!(bad.status, 400);
+    // A bad filter is 400, and the error names the query parameter, not the command line's
+    // flag.
+    for (query, start) in [
+        ("state=done", "state: unknown state"),
+        ("older_than=soon", "older_than: invalid duration"),
+    ] {
+        let bad = http
+            .send(Method::GET, &format!("{admin}/api/keys?{query}"), &[], "")
+            .await;
+        assert_eq!(bad.status, 400);
+        let bad: serde_json::Value = serde_json::from_slice(&bad.body).unwrap();
+        let message = bad["error"].as_str().unwrap();
+        assert!(message.starts_with(start), "{message}");
+    }
     // A key that does not decode to text is a bad argument, not a missing page.
     let undecodable = http
         .send(Method::GET, &format!("{admin}/api/keys/%ff"), &[], "")

@@ -7,7 +7,8 @@
 //! | `DELETE /api/keys/KEY?scope=S` | `{"deleted": true or false}` |
 //!
 //! `KEY` is percent-encoded; a record is the JSON of [`crate::records::record_json`]. A bad
-//! argument is 400 and a store error 503, each `{"error": "..."}`.
+//! argument is 400 and a store error 503, each `{"error": "..."}`; an error names the query
+//! parameter (`state: ...`), or `key` for the path's key.
 
 use http::header::{self, HeaderValue};
 use http::{Method, Response, StatusCode};
@@ -17,7 +18,7 @@ use serde_json::{Value, json};
 use super::form;
 use crate::body::{GatewayBody, full};
 use crate::config::ConfigError;
-use crate::records::{record_json, record_key, scan_query};
+use crate::records::{ArgNames, record_json, record_key, scan_query};
 
 /// The path prefix of the key API.
 pub const PREFIX: &str = "/api/keys";
@@ -64,10 +65,11 @@ pub async fn handle(
     let Some(key) = form::decode(encoded, false) else {
         return error(
             StatusCode::BAD_REQUEST,
-            "KEY: not a percent-encoded key (a key holds only printable ASCII)",
+            "key: not a percent-encoded key (a key holds only printable ASCII)",
         );
     };
-    let key = match record_key(&key, form::value(&params, "scope").unwrap_or_default()) {
+    let scope = form::value(&params, "scope").unwrap_or_default();
+    let key = match record_key(&key, scope, ArgNames::PARAMS) {
         Ok(key) => key,
         Err(err) => return bad_request(&err),
     };
@@ -106,6 +108,7 @@ async fn list(store: &dyn Store, params: &[(String, String)]) -> Response<Gatewa
         form::value(params, "state"),
         form::value(params, "older_than"),
         limit,
+        ArgNames::PARAMS,
     ) {
         Ok(query) => query,
         Err(err) => return bad_request(&err),

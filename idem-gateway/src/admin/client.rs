@@ -92,9 +92,15 @@ impl AdminClient {
             .map_err(|_| Failure::runtime(format!("admin {url}: no answer within {TIMEOUT:?}")))?
             .map_err(|err| Failure::runtime(format!("admin {url}: {}", error_chain(&*err))))?;
         if status == StatusCode::UNAUTHORIZED {
-            return Err(Failure::runtime(format!(
-                "admin {url}: 401: the admin listener wants a token (--admin-token or IDEM_ADMIN_TOKEN)"
-            )));
+            return Err(Failure::runtime(if self.token.is_some() {
+                format!(
+                    "admin {url}: 401: the admin listener refused the token (from --admin-token, IDEM_ADMIN_TOKEN or the file's [admin] token)"
+                )
+            } else {
+                format!(
+                    "admin {url}: 401: the admin listener wants a token (--admin-token or IDEM_ADMIN_TOKEN)"
+                )
+            }));
         }
         let value: Value = serde_json::from_slice(&body).map_err(|_| {
             Failure::runtime(format!(
