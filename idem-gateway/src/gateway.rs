@@ -1,6 +1,6 @@
 //! [`Gateway`]: matches a request to its route, runs it through that route's idempotency layer
 //! (idem-http) over the [`Proxy`], and turns an upstream failure into 502, 503 or 504 (also
-//! one the layer saw as a broken handler response: [`BrokenBody`]).
+//! one the layer saw as a response body that failed: `Rejection::ResponseBodyFailed`).
 
 use std::future::poll_fn;
 use std::net::SocketAddr;
@@ -20,7 +20,7 @@ use tower_service::Service;
 use crate::body::{GatewayBody, RequestBody, boxed, full};
 use crate::config::toml::{KeyMode, OnStoreError};
 use crate::config::{Config, ConfigError, PathPattern, RouteSettings, ScopeSpec};
-use crate::proxy::{BrokenBody, ClientAddr, Proxy, ProxyError, Tracker};
+use crate::proxy::{ClientAddr, Proxy, ProxyError, Tracker};
 
 /// The metric names of the gateway, next to the layer's (see `idem_http::metrics`).
 pub mod metric {
@@ -187,7 +187,7 @@ impl Gateway {
         let start = Instant::now();
         let (mut parts, body) = request.into_parts();
         parts.extensions.insert(ClientAddr(client));
-        let mut request = Request::from_parts(parts, RequestBody::streamed(body));
+        let request = Request::from_parts(parts, RequestBody::streamed(body));
         let Some(route) = self
             .routes
             .iter()
@@ -206,14 +206,12 @@ impl Gateway {
         let uri = request.uri().clone();
         let result = match &route.service {
             RouteService::Layered(service) => {
-                let broken = BrokenBody::default();
-                request.extensions_mut().insert(broken.clone());
                 let mut service = service.clone();
                 match poll_fn(|cx| service.poll_ready(cx)).await {
                     Ok(()) => service
                         .call(request)
                         .await
-                        .map(|r| upstream_broke_off(r.map(boxed), &broken)),
+                        .map(|r| upstream_broke_off(r.map(boxed), service.get_ref())),
                     Err(err) => Err(err),
                 }
             }
@@ -247,16 +245,16 @@ impl Gateway {
 }
 
 /// The layer's answer, or 502 where the layer answered 500 because the upstream broke off the
-/// response body it was reading (the key is released either way; the failure was counted and
-/// logged where it happened).
-fn upstream_broke_off(
-    response: Response<GatewayBody>,
-    broken: &BrokenBody,
-) -> Response<GatewayBody> {
-    match (response.extensions().get::<Rejection>(), broken.get()) {
-        (Some(Rejection::HandlerFailed), Some(failure)) => proxy_error_response(failure),
-        _ => response,
+/// response body it was reading to store (the key is released either way; the failure was
+/// counted and logged by the [`crate::proxy::UpstreamBody`]).
+fn upstream_broke_off(response: Response<GatewayBody>, proxy: &Proxy) -> Response<GatewayBody> {
+    if let Some(Rejection::ResponseBodyFailed) = response.extensions().get::<Rejection>() {
+        return proxy_error_response(&ProxyError::Failed {
+            upstream: proxy.upstream().to_owned(),
+            source: "the response body broke off before it was complete".into(),
+        });
     }
+    response
 }
 
 /// An RFC 9457 problem response of the gateway itself.

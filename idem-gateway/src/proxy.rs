@@ -6,14 +6,14 @@
 //! An upstream that cannot be reached or answers too late is an `Err` ([`ProxyError`]), not a
 //! response: the idempotency layer releases the key on an error (so a retry runs again, whatever
 //! `store_server_errors` says), and the gateway turns the error into 502 or 504. An upstream
-//! that breaks off its response body is counted and noted in the request's [`BrokenBody`] (see
-//! there).
+//! that breaks off its response body is counted and logged by its [`UpstreamBody`]; the layer
+//! answers it `Rejection::ResponseBodyFailed`, which the gateway turns into 502 too.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -37,16 +37,15 @@ use crate::gateway::metric;
 /// The body of an upstream response. It holds its in-flight guard until it ends, and when the
 /// upstream breaks it off (a connection closed before the `Content-Length` it announced, a
 /// malformed chunk) it counts the failure in `idem_gateway_upstream_errors_total{kind="failed"}`
-/// and notes it in the request's [`BrokenBody`], if it had one.
+/// and logs it.
 #[derive(Debug)]
 pub struct UpstreamBody {
     body: Guarded<Incoming, InFlightGuard>,
     shared: Arc<ProxyShared>,
-    broken: Option<BrokenBody>,
 }
 
 impl UpstreamBody {
-    /// Counts, logs and notes a body error.
+    /// Counts and logs a body error.
     fn broke(&self, error: &hyper::Error) {
         self.shared.body_errors.increment(1);
         let failure = ProxyError::Failed {
@@ -54,9 +53,6 @@ impl UpstreamBody {
             source: error_chain(error).into(),
         };
         tracing::warn!(error = %failure, "the upstream broke off its response body");
-        if let Some(broken) = &self.broken {
-            let _ = broken.0.set(failure);
-        }
     }
 }
 
@@ -82,24 +78,6 @@ impl Body for UpstreamBody {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
-    }
-}
-
-/// Where the proxy notes that the upstream broke off a response body, for the gateway to read
-/// after the idempotency layer answered: the layer reads a body of known, moderate size whole
-/// before it answers, and a body that breaks off there becomes its own 500
-/// (`Rejection::HandlerFailed`, the key released). With this the gateway answers 502 instead,
-/// as for any exchange the upstream breaks. (A body streamed to the client has sent its status
-/// already: the client sees the connection cut.) The gateway puts one in the extensions of
-/// each request it hands to the layer.
-#[derive(Clone, Debug, Default)]
-pub struct BrokenBody(Arc<OnceLock<ProxyError>>);
-
-impl BrokenBody {
-    /// The failure, once the upstream broke off the body.
-    #[must_use]
-    pub fn get(&self) -> Option<&ProxyError> {
-        self.0.get()
     }
 }
 
@@ -387,6 +365,12 @@ fn is_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 impl Proxy {
+    /// The upstream's name (its URL), as errors show it.
+    #[must_use]
+    pub fn upstream(&self) -> &str {
+        &self.shared.name
+    }
+
     /// A proxy to `upstream`, counting its exchanges in `tracker`. Metric handles are registered
     /// now: install the recorder before.
     #[must_use]
@@ -421,7 +405,6 @@ impl Proxy {
     ) -> Result<Response<UpstreamBody>, ProxyError> {
         let shared = &self.shared;
         let guard = shared.tracker.enter();
-        let broken = request.extensions_mut().remove::<BrokenBody>();
         forwarded_headers(&mut request);
         strip_hop_by_hop(request.headers_mut());
         let path = request
@@ -479,7 +462,6 @@ impl Proxy {
         let body = UpstreamBody {
             body: Guarded::new(body, guard),
             shared: self.shared.clone(),
-            broken,
         };
         Ok(Response::from_parts(parts, body))
     }

@@ -75,6 +75,10 @@ pub enum Rejection {
     /// The handler panicked or its task was cancelled before it answered: 500. Its claim was
     /// released, so a retry runs it again.
     HandlerFailed,
+    /// The handler answered, but its response body failed before the layer had read it whole
+    /// to store it: 500 (a proxy in front of an upstream, like the `idem` gateway, answers it
+    /// as 502). Nothing was stored and the claim was released, so a retry runs it again.
+    ResponseBodyFailed,
 }
 
 impl Rejection {
@@ -90,7 +94,7 @@ impl Rejection {
             Rejection::InFlight { .. } | Rejection::FailedPermanently => StatusCode::CONFLICT,
             Rejection::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Rejection::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            Rejection::CorruptRecord | Rejection::HandlerFailed => {
+            Rejection::CorruptRecord | Rejection::HandlerFailed | Rejection::ResponseBodyFailed => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
         }
@@ -111,6 +115,7 @@ impl Rejection {
             Rejection::StoreUnavailable { .. } => "StoreUnavailable",
             Rejection::CorruptRecord => "CorruptRecord",
             Rejection::HandlerFailed => "HandlerFailed",
+            Rejection::ResponseBodyFailed => "ResponseBodyFailed",
         }
     }
 
@@ -129,6 +134,7 @@ impl Rejection {
             Rejection::StoreUnavailable { .. } => "Idempotency store unavailable",
             Rejection::CorruptRecord => "Stored response unreadable",
             Rejection::HandlerFailed => "Handler failed",
+            Rejection::ResponseBodyFailed => "Response body failed",
         }
     }
 
@@ -167,6 +173,11 @@ impl Rejection {
                 "the request failed before it was answered: it may be retried with the same key"
                     .into()
             }
+            Rejection::ResponseBodyFailed => {
+                "the response broke off before it was complete: nothing was stored, and the \
+                 request may be retried with the same key"
+                    .into()
+            }
         }
     }
 
@@ -194,7 +205,7 @@ impl Rejection {
             Rejection::InFlight { .. } | Rejection::FailedPermanently => Outcome::Conflict,
             Rejection::Mismatch => Outcome::Mismatch,
             Rejection::StoreUnavailable { .. } | Rejection::CorruptRecord => Outcome::StoreError,
-            Rejection::HandlerFailed => Outcome::Executed,
+            Rejection::HandlerFailed | Rejection::ResponseBodyFailed => Outcome::Executed,
         }
     }
 }

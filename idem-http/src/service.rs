@@ -462,7 +462,7 @@ async fn drive<S, ReqBody, ResBody>(
             }
             Err(_) => {
                 claim.release("body_error").await;
-                let _ = reply.send(Ok(reject(&shared, Rejection::HandlerFailed)));
+                let _ = reply.send(Ok(reject(&shared, Rejection::ResponseBodyFailed)));
             }
         }
         return;

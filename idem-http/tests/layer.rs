@@ -250,6 +250,49 @@ async fn fail_open_runs_the_handler_and_marks_the_response() {
     assert_eq!(app.count(), 1);
 }
 
+/// A response body of 10 bytes announced, which fails instead of giving them.
+struct BrokenBody;
+
+impl http_body::Body for BrokenBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(Some(Err(std::io::Error::other("broken off"))))
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(10)
+    }
+}
+
+/// A response whose body fails while the layer reads it to store it is 500
+/// `ResponseBodyFailed` (not a handler panic's `HandlerFailed`); nothing is stored and the claim
+/// is released, so the retry runs again.
+#[tokio::test]
+async fn a_response_body_that_fails_is_500_and_releases_the_claim() {
+    let app = App::serve(MemoryStore::new(), Config::builder(), |counter| {
+        Router::new().route(
+            "/run",
+            post(move || async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                Response::new(Body::new(BrokenBody))
+            }),
+        )
+    })
+    .await;
+    for attempt in 1..=2 {
+        let broken = app.post(Some("k"), "").await;
+        assert_eq!(broken.status, StatusCode::INTERNAL_SERVER_ERROR);
+        let body = String::from_utf8_lossy(&broken.body);
+        assert!(body.contains("ResponseBodyFailed"), "{body}");
+        assert_eq!(app.count(), attempt);
+    }
+}
+
 #[tokio::test]
 async fn a_panicking_handler_releases_its_claim() {
     let app = App::serve(MemoryStore::new(), Config::builder(), |counter| {
