@@ -315,6 +315,23 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
+/// Asks for a chunked body where the client sent a body of no declared length. hyper's client
+/// adds `Transfer-Encoding: chunked` itself for such a body, except on a GET, HEAD or CONNECT,
+/// which it sends with no body at all (they "almost never have bodies"): the body the client
+/// sent would be dropped on the way.
+fn keep_unsized_body(request: &mut Request<RequestBody>) {
+    let body = request.body();
+    if !body.is_end_stream()
+        && body.size_hint().exact().is_none()
+        && !request.headers().contains_key(header::CONTENT_LENGTH)
+    {
+        request.headers_mut().insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+    }
+}
+
 /// Sets `X-Forwarded-For` (the field lines the client sent, joined into one, and the client's
 /// address appended), `X-Forwarded-Proto` (`http`) and `X-Forwarded-Host` (the `Host` the
 /// client asked for), and keeps `Host` (from the URI's authority for an HTTP/2 request, which
@@ -407,6 +424,7 @@ impl Proxy {
         let guard = shared.tracker.enter();
         forwarded_headers(&mut request);
         strip_hop_by_hop(request.headers_mut());
+        keep_unsized_body(&mut request);
         let path = request
             .uri()
             .path_and_query()

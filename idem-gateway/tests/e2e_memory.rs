@@ -474,7 +474,7 @@ async fn oversized_headers_get_431_and_oversized_bodies_413() {
     );
 }
 
-/// An upstream that answers every request with its own request head, as text.
+/// An upstream that answers every request with its own request head and body, as text.
 async fn header_echo() -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -488,6 +488,11 @@ async fn header_echo() -> SocketAddr {
                         for (name, value) in request.headers() {
                             text.push_str(&format!("{name}: {}\n", value.to_str().unwrap_or("?")));
                         }
+                        let body = http_body_util::BodyExt::collect(request.into_body())
+                            .await
+                            .map(http_body_util::Collected::to_bytes)
+                            .unwrap_or_default();
+                        text.push_str(&format!("body: {}\n", String::from_utf8_lossy(&body)));
                         let mut response = http::Response::new(http_body_util::Full::new(
                             bytes::Bytes::from(text),
                         ));
@@ -541,6 +546,30 @@ async fn forwarded_headers_are_set_host_is_kept_and_hop_by_hop_headers_are_strip
     }
     // The upstream's Connection-named header does not reach the client.
     assert!(!lower.contains("x-private"), "{raw}");
+}
+
+/// A GET (or HEAD, CONNECT) is passed through with the body its client sent: hyper's client
+/// would send one whose length it does not know (chunked) with no body at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_with_a_chunked_body_is_passed_through_with_it() {
+    let upstream = header_echo().await;
+    let gateway = Gateway::start(&config(upstream, "")).await;
+    let addr: SocketAddr = gateway.url.trim_start_matches("http://").parse().unwrap();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(
+            b"GET /search HTTP/1.1\r\nhost: api.example.com\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    assert!(
+        raw.to_ascii_lowercase().starts_with("http/1.1 200"),
+        "{raw}"
+    );
+    assert!(raw.contains("GET /search\n"), "{raw}");
+    assert!(raw.contains("body: hello world\n"), "{raw}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
