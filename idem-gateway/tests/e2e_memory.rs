@@ -514,20 +514,25 @@ async fn header_echo() -> SocketAddr {
     addr
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn forwarded_headers_are_set_host_is_kept_and_hop_by_hop_headers_are_stripped() {
+/// Sends `request` (raw bytes, ending the connection) through a gateway in front of
+/// [`header_echo`]; the raw answer.
+async fn through_to_header_echo(request: &[u8]) -> String {
     let upstream = header_echo().await;
     let gateway = Gateway::start(&config(upstream, "")).await;
     let addr: SocketAddr = gateway.url.trim_start_matches("http://").parse().unwrap();
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream
-        .write_all(
-            b"GET /who?x=1 HTTP/1.1\r\nhost: api.example.com\r\nx-forwarded-for: 10.1.2.3\r\nx-forwarded-for: 10.4.5.6\r\nconnection: close, x-hop\r\nx-hop: secret\r\nkeep-alive: timeout=5\r\nproxy-authorization: Basic Zm9v\r\n\r\n",
-        )
-        .await
-        .unwrap();
+    stream.write_all(request).await.unwrap();
     let mut raw = String::new();
     stream.read_to_string(&mut raw).await.unwrap();
+    raw
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_headers_are_set_host_is_kept_and_hop_by_hop_headers_are_stripped() {
+    let raw = through_to_header_echo(
+        b"GET /who?x=1 HTTP/1.1\r\nhost: api.example.com\r\nx-forwarded-for: 10.1.2.3\r\nx-forwarded-for: 10.4.5.6\r\nconnection: close, x-hop\r\nx-hop: secret\r\nkeep-alive: timeout=5\r\nproxy-authorization: Basic Zm9v\r\n\r\n",
+    )
+    .await;
     let lower = raw.to_ascii_lowercase();
     assert!(lower.starts_with("http/1.1 200"), "{raw}");
     assert!(lower.contains("get /who?x=1\n"), "{raw}");
@@ -552,18 +557,10 @@ async fn forwarded_headers_are_set_host_is_kept_and_hop_by_hop_headers_are_strip
 /// would send one whose length it does not know (chunked) with no body at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_get_with_a_chunked_body_is_passed_through_with_it() {
-    let upstream = header_echo().await;
-    let gateway = Gateway::start(&config(upstream, "")).await;
-    let addr: SocketAddr = gateway.url.trim_start_matches("http://").parse().unwrap();
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream
-        .write_all(
-            b"GET /search HTTP/1.1\r\nhost: api.example.com\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
-        )
-        .await
-        .unwrap();
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).await.unwrap();
+    let raw = through_to_header_echo(
+        b"GET /search HTTP/1.1\r\nhost: api.example.com\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+    )
+    .await;
     assert!(
         raw.to_ascii_lowercase().starts_with("http/1.1 200"),
         "{raw}"
