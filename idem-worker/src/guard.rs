@@ -337,6 +337,9 @@ impl JobGuard {
         let delivery = delivery.max(1);
         let span = self.span(key, delivery);
         let request = self.claim_request(key, fingerprint);
+        // The store starts the lease when it takes the claim, which is after this and before
+        // the answer arrives: counting from here never overestimates it.
+        let sent = Instant::now();
         let claimed = self
             .inner
             .labels
@@ -346,7 +349,7 @@ impl JobGuard {
         match self.answer(&span, claimed, delivery) {
             Ok(run) => Admission::Answered(run),
             Err((lease, taken_over)) => Admission::Claimed(Claim {
-                held: Held::start(self.inner.clone(), lease, delivery),
+                held: Held::start(self.inner.clone(), lease, delivery, sent),
                 taken_over,
                 span,
             }),
@@ -829,9 +832,10 @@ struct Held {
 }
 
 impl Held {
-    fn start(inner: Arc<Inner>, lease: Lease, delivery: u32) -> Held {
+    /// Holds `lease`, granted by a claim sent at `sent`.
+    fn start(inner: Arc<Inner>, lease: Lease, delivery: u32, sent: Instant) -> Held {
         let cancel = CancellationToken::new();
-        let deadline = Arc::new(Mutex::new(Instant::now() + inner.lease));
+        let deadline = Arc::new(Mutex::new(sent + inner.lease));
         let heartbeat = tokio::spawn(
             heartbeat(
                 inner.clone(),
