@@ -134,6 +134,10 @@ impl PostgresStore {
     /// the schema, timeouts and lease policy of `config` (its URL, pool size and connect timeout
     /// are not used). Applies the migrations unless turned off.
     ///
+    /// The pool's connections keep their own settings: the operation timeout of `config`
+    /// answers `Timeout` in time, but only a `statement_timeout` on the pool's connections
+    /// (which [`PostgresStore::connect`] sets) also stops the statement in the server.
+    ///
     /// # Errors
     /// The errors of [`migrate`].
     pub async fn with_pool(pool: Pool, config: PostgresConfig) -> Result<Self, StoreError> {
