@@ -520,7 +520,7 @@ pub fn summary(config: &Config) -> Value {
                 "header": s.header.as_str(),
                 "methods": s.methods.iter().map(|m| m.as_str()).collect::<Vec<_>>(),
                 "key": format!("{:?}", s.key).to_lowercase(),
-                "scope": format!("{:?}", s.scope),
+                "scope": s.scope.to_string(),
                 "lease_ms": millis(s.lease),
                 "heartbeat_ms": millis(s.heartbeat),
                 "retention_ms": millis(s.retention),

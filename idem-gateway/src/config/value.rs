@@ -356,6 +356,11 @@ impl FromStr for PathPattern {
                 "invalid path {text:?}: only printable ASCII without spaces (percent-encode the rest)"
             ));
         }
+        if text.contains(['?', '#']) {
+            return Err(format!(
+                "invalid path {text:?}: a route matches the path alone, without a query or fragment"
+            ));
+        }
         if !text.contains('*') {
             return Ok(PathPattern::Prefix(text.to_owned()));
         }
@@ -490,6 +495,17 @@ impl FromStr for ScopeSpec {
     }
 }
 
+/// The scope as the configuration writes it (`authorization`, `none`, `header:NAME`).
+impl fmt::Display for ScopeSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ScopeSpec::Authorization => f.write_str("authorization"),
+            ScopeSpec::Header(name) => write!(f, "header:{name}"),
+            ScopeSpec::None => f.write_str("none"),
+        }
+    }
+}
+
 deserialize_from_str!(
     ScopeSpec,
     "a scope: \"authorization\", \"none\" or \"header:NAME\""
@@ -498,6 +514,19 @@ deserialize_from_str!(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn route_paths_and_scopes() {
+        assert!("/payments".parse::<PathPattern>().is_ok());
+        assert!("/v1/*/orders/**".parse::<PathPattern>().is_ok());
+        for bad in ["payments", "/q?x=1", "/a#b", "/a b", "/a/**x"] {
+            let error = bad.parse::<PathPattern>().unwrap_err();
+            assert!(error.starts_with("invalid path"), "{bad}: {error}");
+        }
+        for text in ["authorization", "none", "header:X-Tenant"] {
+            assert_eq!(text.parse::<ScopeSpec>().unwrap().to_string(), text);
+        }
+    }
 
     #[test]
     fn durations_and_sizes() {
