@@ -305,7 +305,7 @@ async fn serve(config: Config, metrics: Option<RenderMetrics>) -> Result<(), Fai
     }
     tracing::info!(
         listen = %running.listen,
-        admin = ?running.admin,
+        admin = %running.admin.map_or_else(|| "off".to_owned(), |admin| admin.to_string()),
         upstream = %upstream.url,
         store = %config.store.spec,
         routes = config.routes.len(),
