@@ -72,7 +72,11 @@
 //! # Errors and reconnects
 //! Every operation is bounded by the command timeout ([`StoreError::Timeout`]); a refused or
 //! lost connection is [`StoreError::Unavailable`]. The store reconnects by itself: the same
-//! value works again once the server is back. A record that cannot be decoded, or breaks the
+//! value works again once the server is back. An operation that finds its connection already
+//! dead (the server restarted since the last operation) reconnects and is sent once more,
+//! within the same command timeout, so the first operations after a restart succeed; every
+//! script is safe to re-send (a claim carries its owner, so a re-sent claim is answered the
+//! same grant). A record that cannot be decoded, or breaks the
 //! record invariants, is [`StoreError::Corrupt`] (never a panic); [`Store::delete`] removes it.
 //!
 //! # Deployment

@@ -11,7 +11,7 @@ use idem_core::{
     Bytes, ClaimOutcome, ClaimRequest, Failure, Fence, Lease, OwnerToken, Record, RecordKey,
     ScanPage, ScanQuery, State, Store, StoreError, Timestamp, duration_micros,
 };
-use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind};
+use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
 use crate::codec::{decode_record, encode_result};
 use crate::config::RedisConfig;
@@ -125,14 +125,15 @@ impl RedisStore {
         let mut conn = self.inner.conn.clone();
         let parts = self
             .bounded(op, async move {
-                match cmd.query_async(&mut conn).await {
-                    Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                        redis::cmd("SCRIPT")
-                            .arg("LOAD")
-                            .arg(lua.source)
-                            .query_async::<redis::Value>(&mut conn)
-                            .await?;
-                        cmd.query_async(&mut conn).await
+                match send_script(&mut conn, &cmd, lua).await {
+                    // The connection was found dead (the server restarted since the last
+                    // operation): it reconnects, and the script goes again on the new one, so
+                    // the first operation after a restart is not failed for a connection that
+                    // was already gone. Every script is safe to re-send: a claim carries its
+                    // owner (the same grant is answered), the other transitions are no-ops when
+                    // repeated.
+                    Err(err) if resend_after(&conn, &err) => {
+                        send_script(&mut conn, &cmd, lua).await
                     }
                     other => other,
                 }
@@ -223,6 +224,28 @@ impl RedisStore {
             _ => Err(reply.unexpected()),
         }
     }
+}
+
+/// Sends the `EVALSHA` `cmd` of `lua`; after a `NOSCRIPT` (a restarted server), loads the
+/// script and sends it again.
+async fn send_script(conn: &mut Conn, cmd: &Cmd, lua: &Lua) -> Result<Vec<Vec<u8>>, RedisError> {
+    match cmd.query_async(conn).await {
+        Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(lua.source)
+                .query_async::<Value>(conn)
+                .await?;
+            cmd.query_async(conn).await
+        }
+        other => other,
+    }
+}
+
+/// Whether a command that failed with `err` on `conn` goes once more: on a single server, after
+/// a dropped connection (the Cluster client re-sends by itself).
+fn resend_after(conn: &Conn, err: &RedisError) -> bool {
+    matches!(conn, Conn::Single(_)) && err.is_connection_dropped() && !err.is_timeout()
 }
 
 /// A duration for a script, in whole microseconds, clamped to about 31 years.
@@ -360,10 +383,13 @@ impl Store for RedisStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         let mut conn = self.inner.conn.clone();
-        self.bounded(
-            "ping",
-            redis::cmd("PING").query_async::<redis::Value>(&mut conn),
-        )
+        let ping = redis::cmd("PING");
+        self.bounded("ping", async move {
+            match ping.query_async::<Value>(&mut conn).await {
+                Err(err) if resend_after(&conn, &err) => ping.query_async(&mut conn).await,
+                other => other,
+            }
+        })
         .await
         .map(drop)
     }
