@@ -397,8 +397,14 @@ async fn keys(config: &Config, admin: Option<&str>, command: KeysCommand) -> Res
             match source.get(&key).await? {
                 Some(record) if json => say(&record.to_string()),
                 Some(record) => say(&record_text(&record)),
-                None if json => say("null"),
-                None => return Err(Failure::runtime(format!("no record at {key}"))),
+                None => {
+                    // Exit 1 either way, so a script learns "no record" from the exit code
+                    // whatever the format; `--json` also prints `null` for a JSON reader.
+                    if json {
+                        say("null");
+                    }
+                    return Err(Failure::runtime(format!("no record at {key}")));
+                }
             }
             Ok(())
         }

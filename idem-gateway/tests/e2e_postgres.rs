@@ -127,6 +127,11 @@ async fn keys_and_store_commands_see_what_the_gateway_recorded() {
     let (code, out) = idem(&file, &["keys", "delete", "order-7", "--json"]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("\"deleted\":true"), "{out}");
+    // No record: exit 1 in either format; `--json` prints null.
+    let (code, out) = idem(&file, &["keys", "get", "order-7", "--json"]);
+    assert_eq!((code, out.lines().next()), (1, Some("null")), "{out}");
+    let (code, out) = idem(&file, &["keys", "get", "order-7"]);
+    assert_eq!(code, 1, "{out}");
     // Deleted: the next request runs again.
     let again = http
         .post_key(&format!("{gateway}/echo"), "order-7", "7 EUR")
