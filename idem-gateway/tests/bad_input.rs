@@ -160,6 +160,15 @@ fn settings_checked_together() {
         &idem(&["check-config", path(&bad)]),
         &["heartbeat.toml:7:13", "shorter than the lease"],
     );
+    // A heartbeat the file sets, against a lease from the command line: the flag is named.
+    let beat = file(
+        "beat.toml",
+        "[upstream]\nurl = \"http://h:1\"\n[idempotency]\nheartbeat = \"10s\"\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&beat), "--lease", "5s"]),
+        &["beat.toml:4:13", "lease (5s, set by --lease or IDEM_LEASE)"],
+    );
     // A value checked beyond its syntax is named by its own position, not its section's.
     let bad = file(
         "zero-lease.toml",

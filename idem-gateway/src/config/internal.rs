@@ -407,10 +407,17 @@ fn settings(
     };
     let heartbeat = positive(heartbeat, "the heartbeat", origin, heartbeat_at)?;
     if heartbeat >= lease {
+        // A lease from --lease or IDEM_LEASE is named as such: the file's heartbeat may be
+        // fine for the file's own lease.
+        let from = if lease_override.is_some() {
+            ", set by --lease or IDEM_LEASE"
+        } else {
+            ""
+        };
         return Err(origin.error_at(
             heartbeat_at,
             format!(
-                "the heartbeat ({}) must be shorter than the lease ({})",
+                "the heartbeat ({}) must be shorter than the lease ({}{from})",
                 HumanDuration(heartbeat),
                 HumanDuration(lease)
             ),
