@@ -330,11 +330,11 @@ async fn admin_store(config: &Config) -> Result<Arc<dyn Store>, Failure> {
             "the memory store lives inside each `idem serve` process and cannot be opened from another: pass --admin http://ADMIN_ADDR to ask the running gateway's admin listener, or point --store (or [store] url) at the gateway's shared store (redis, postgres or redb)",
         )));
     }
-    crate::store::open(&config.store).await
+    crate::store::open_existing(&config.store).await
 }
 
 fn store_failure(err: StoreError) -> Failure {
-    Failure::runtime(format!("store: {err}"))
+    Failure::runtime(format!("store: {}", crate::proxy::error_chain(&err)))
 }
 
 /// Where `idem keys` reads and deletes records: the store itself, or a running gateway's admin

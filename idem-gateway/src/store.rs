@@ -18,6 +18,33 @@ use crate::config::{ConfigError, StoreConfig, StoreSpec};
 /// [`Failure::Config`] (exit 2) when this build has no such store or the store refuses its
 /// settings; [`Failure::Runtime`] when the store cannot be reached.
 pub async fn open(config: &StoreConfig) -> Result<Arc<dyn Store>, Failure> {
+    open_as(config, Opening::Serve).await
+}
+
+/// Opens a store that must exist already, for an admin command (`idem keys`): a PostgreSQL
+/// store is not migrated (a read-only role can run `idem keys get`), and a redb path with no
+/// file is an error, not a new empty store (a mistyped path would answer "no record").
+///
+/// # Errors
+/// As [`open`]; and [`Failure::Runtime`] for a redb path where no file is.
+pub async fn open_existing(config: &StoreConfig) -> Result<Arc<dyn Store>, Failure> {
+    open_as(config, Opening::Existing).await
+}
+
+/// Why a store is opened.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Opening {
+    /// To serve: a PostgreSQL schema is migrated, a redb file created.
+    Serve,
+    /// To inspect or administer: nothing is created or migrated.
+    Existing,
+}
+
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "redb")),
+    allow(unused_variables)
+)]
+async fn open_as(config: &StoreConfig, opening: Opening) -> Result<Arc<dyn Store>, Failure> {
     match &config.spec {
         StoreSpec::Memory => Ok(Arc::new(
             MemoryStore::builder()
@@ -35,13 +62,20 @@ pub async fn open(config: &StoreConfig) -> Result<Arc<dyn Store>, Failure> {
         }
         #[cfg(feature = "redb")]
         StoreSpec::Redb(path) => {
+            if opening == Opening::Existing && !path.exists() {
+                return Err(Failure::runtime(format!(
+                    "store {}: no such file (`idem serve` or `idem store migrate` creates it)",
+                    config.spec
+                )));
+            }
             let store = idem_store_redb::RedbStore::open(path)
                 .map_err(|err| unreachable(&config.spec, &err))?;
             Ok(Arc::new(store))
         }
         #[cfg(feature = "postgres")]
         StoreSpec::Postgres(url) => {
-            let settings = postgres::settings(url, &config.namespace)?;
+            let settings = postgres::settings(url, &config.namespace)?
+                .with_migrate_on_connect(opening == Opening::Serve);
             let store = idem_store_postgres::PostgresStore::connect(settings)
                 .await
                 .map_err(|err| unreachable(&config.spec, &err))?;
@@ -186,8 +220,8 @@ mod postgres {
     not(any(feature = "postgres", feature = "redis", feature = "redb")),
     allow(dead_code)
 )]
-fn unreachable(spec: &StoreSpec, err: &dyn std::fmt::Display) -> Failure {
-    Failure::runtime(format!("store {spec}: {err}"))
+fn unreachable(spec: &StoreSpec, err: &(dyn std::error::Error + 'static)) -> Failure {
+    Failure::runtime(format!("store {spec}: {}", crate::proxy::error_chain(err)))
 }
 
 /// The error for a store this build cannot open.

@@ -85,6 +85,23 @@ async fn keys_and_store_commands_see_what_the_gateway_recorded() {
     let file = std::env::temp_dir().join(format!("{name}.toml"));
     std::fs::write(&file, &store_section).unwrap();
 
+    // An admin command does not migrate: on a schema never migrated it fails, and creates
+    // nothing (a read-only role can run it on a migrated one).
+    let (code, out) = idem(&file, &["keys", "get", "order-7"]);
+    assert_eq!(code, 1, "{out}");
+    // The server's own message, not just the driver's "db error".
+    assert!(out.contains("does not exist"), "{out}");
+    let (client, connection) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let schemas = client
+        .query(
+            "SELECT 1 FROM information_schema.schemata WHERE schema_name = $1",
+            &[&name],
+        )
+        .await
+        .unwrap();
+    assert!(schemas.is_empty(), "idem keys created the schema");
+
     let (code, out) = idem(&file, &["store", "migrate", "--json"]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("\"command\":\"migrate\""), "{out}");

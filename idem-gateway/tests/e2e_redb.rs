@@ -71,3 +71,18 @@ fn store_migrate_creates_or_checks_the_file_and_fails_on_a_bad_path() {
     assert!(out.contains("checked"), "{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn keys_commands_do_not_create_a_store_file() {
+    let dir = std::env::temp_dir().join(format!("idem-gw-redb-keys-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("mistyped.redb");
+    let store = format!("redb:{}", file.display());
+    let got = idem_command("keys")
+        .args(["get", "k", "--store", &store])
+        .output()
+        .unwrap();
+    assert_one_error_line(&got, 1, &format!("store {store}: no such file"));
+    assert!(!file.exists(), "idem keys created a store file");
+    let _ = std::fs::remove_dir_all(&dir);
+}
