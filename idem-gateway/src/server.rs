@@ -93,12 +93,8 @@ pub async fn serve(
         }
     }
     drop(listener);
+    // The shutdown is logged once for all serving threads, by `serve_workers`.
     let grace = settings.shutdown_grace;
-    tracing::info!(
-        in_flight = tracker.in_flight(),
-        grace = %humantime::format_duration(grace),
-        "shutting down: no new connections; in-flight requests may finish"
-    );
     let deadline = tokio::time::Instant::now() + grace;
     let connections_closed = tokio::time::timeout_at(deadline, graceful.shutdown())
         .await
@@ -107,16 +103,11 @@ pub async fn serve(
     // A request whose client left runs on detached: wait for those too.
     let idle = tracker.wait_idle(remaining).await;
     if connections_closed && idle {
-        tracing::info!("shutdown: every in-flight request finished");
         return Drained {
             clean: true,
             abandoned: 0,
         };
     }
-    tracing::warn!(
-        in_flight = tracker.in_flight(),
-        "shutdown: grace period over; aborting the requests still waiting for the upstream (their keys are released)"
-    );
     tracker.abort();
     let settled = tracker.wait_idle(SETTLE).await;
     // The layer releases a key right after its upstream call ends: give those releases a moment
@@ -290,6 +281,11 @@ pub async fn serve_workers(
         }
     }
     shutdown.await;
+    tracing::info!(
+        in_flight = tracker.in_flight(),
+        grace = %humantime::format_duration(settings.shutdown_grace),
+        "shutting down: no new connections; in-flight requests may finish"
+    );
     stop.send_replace(true);
     let mut drained = Drained {
         clean: true,
@@ -304,6 +300,14 @@ pub async fn serve_workers(
             // The thread panicked: its requests were not drained.
             Err(_) => drained.clean = false,
         }
+    }
+    if drained.clean {
+        tracing::info!("shutdown: every in-flight request finished");
+    } else {
+        tracing::warn!(
+            abandoned = drained.abandoned,
+            "shutdown: grace period over; the requests still waiting for the upstream were aborted (their keys released)"
+        );
     }
     drained
 }
