@@ -84,7 +84,8 @@ impl PostgresConfig {
     }
 
     /// The schema that holds the store's tables (default `idem`): a plain identifier of 1 to 63
-    /// characters `a-z`, `0-9`, `_`, not starting with a digit.
+    /// characters `a-z`, `0-9`, `_`, not starting with a digit. The store always quotes it in
+    /// SQL, so a name PostgreSQL reserves as a keyword (`user`, `order`) works as well.
     ///
     /// # Errors
     /// [`ConfigError::InvalidSchema`] naming the rule the name breaks.

@@ -1,7 +1,9 @@
 //! The table, its embedded migrations, and the SQL of every operation.
 //!
-//! Every statement is built once per store from the schema name (a checked plain identifier, so
-//! it needs no quoting) and prepared once per connection.
+//! Every statement is built once per store from the schema name and prepared once per
+//! connection. The name is a checked plain identifier (`a-z`, `0-9`, `_`), so it can be written
+//! between double quotes as it is; it is always quoted, because a plain identifier may still be
+//! a keyword PostgreSQL reserves (`user`, `order`), which breaks the statement unquoted.
 
 use deadpool_postgres::tokio_postgres::Client;
 use idem_core::StoreError;
@@ -12,7 +14,7 @@ use crate::error::from_pg;
 struct Migration {
     version: i32,
     description: &'static str,
-    /// The SQL, with `{schema}` standing for the schema name.
+    /// The SQL, with `{schema}` standing for the quoted schema name.
     sql: &'static str,
 }
 
@@ -78,6 +80,7 @@ pub(crate) async fn migrate(
     schema: &str,
 ) -> Result<MigrationReport, StoreError> {
     let fail = |e| from_pg("migrate", std::time::Duration::ZERO, e);
+    let quoted = quote(schema);
     let tx = client.transaction().await.map_err(fail)?;
     tx.execute(
         "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
@@ -86,8 +89,8 @@ pub(crate) async fn migrate(
     .await
     .map_err(fail)?;
     tx.batch_execute(&format!(
-        "CREATE SCHEMA IF NOT EXISTS {schema};
-         CREATE TABLE IF NOT EXISTS {schema}.idem_migrations (
+        "CREATE SCHEMA IF NOT EXISTS {quoted};
+         CREATE TABLE IF NOT EXISTS {quoted}.idem_migrations (
              version     integer PRIMARY KEY,
              description text NOT NULL,
              applied_at  timestamptz NOT NULL DEFAULT clock_timestamp()
@@ -97,7 +100,7 @@ pub(crate) async fn migrate(
     .map_err(fail)?;
     let row = tx
         .query_one(
-            &format!("SELECT coalesce(max(version), 0) FROM {schema}.idem_migrations"),
+            &format!("SELECT coalesce(max(version), 0) FROM {quoted}.idem_migrations"),
             &[],
         )
         .await
@@ -115,11 +118,11 @@ pub(crate) async fn migrate(
     }
     let mut applied = Vec::new();
     for migration in MIGRATIONS.iter().filter(|m| m.version > current) {
-        tx.batch_execute(&migration.sql.replace("{schema}", schema))
+        tx.batch_execute(&migration.sql.replace("{schema}", &quoted))
             .await
             .map_err(fail)?;
         tx.execute(
-            &format!("INSERT INTO {schema}.idem_migrations (version, description) VALUES ($1, $2)"),
+            &format!("INSERT INTO {quoted}.idem_migrations (version, description) VALUES ($1, $2)"),
             &[&migration.version, &migration.description],
         )
         .await
@@ -132,6 +135,12 @@ pub(crate) async fn migrate(
         applied,
         version: current.max(LATEST_VERSION),
     })
+}
+
+/// `schema` as a quoted identifier. The name is checked to hold only `a-z`, `0-9` and `_`
+/// ([`crate::PostgresConfig::with_schema`]), so it needs no escaping inside the quotes.
+pub(crate) fn quote(schema: &str) -> String {
+    format!("\"{schema}\"")
 }
 
 /// The record columns every statement returns, in this order (see `crate::row`).
@@ -229,6 +238,7 @@ pub(crate) struct Statements {
 
 impl Statements {
     pub(crate) fn new(schema: &str) -> Self {
+        let schema = quote(schema);
         let table = format!("{schema}.idem_records");
         let floor = format!("{schema}.idem_fence_floor");
         let claim = format!(

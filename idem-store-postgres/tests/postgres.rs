@@ -184,6 +184,46 @@ async fn migrations_apply_once_also_when_raced() {
     assert!(again.applied.is_empty());
 }
 
+/// A schema name that `with_schema` accepts but PostgreSQL reserves as a keyword (`user`,
+/// `order`, `select`...) works: the store quotes it in every statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_named_like_a_keyword_works() {
+    if !server_up() {
+        return;
+    }
+    // Reserved keywords, so the name cannot be made unique: one test uses each.
+    for name in ["order", "user"] {
+        let schema = SchemaGuard {
+            name: name.to_owned(),
+        };
+        let config = PostgresConfig::new(&url())
+            .unwrap()
+            .with_schema(&schema.name)
+            .unwrap();
+        let store = PostgresStore::connect(config.clone())
+            .await
+            .unwrap_or_else(|e| panic!("schema {name}: {e}"));
+        assert!(migrate(&config).await.unwrap().applied.is_empty());
+        let req = request("keyword-schema");
+        let ClaimOutcome::Acquired { lease, .. } = store.claim(&req).await.unwrap() else {
+            panic!("not acquired")
+        };
+        store
+            .complete(&lease, Bytes::from_static(b"r"), RETENTION)
+            .await
+            .unwrap();
+        assert!(matches!(
+            store.claim(&req).await.unwrap(),
+            ClaimOutcome::Completed(_)
+        ));
+        assert!(store.delete(&req.key).await.unwrap());
+        assert_eq!(store.sweep().await.unwrap(), 0);
+        let page = store.scan(&idem_core::ScanQuery::all()).await.unwrap();
+        assert!(page.records.is_empty());
+        drop(store);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sweep_removes_expired_rows_and_fences_keep_rising() {
     let Some(h) = PgHarness::new().await else {

@@ -59,7 +59,7 @@ impl Drop for SchemaGuard {
                 let (client, connection) = tokio_postgres::connect(&url, NoTls).await?;
                 tokio::spawn(connection);
                 client
-                    .batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"))
+                    .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE"))
                     .await
             })
         })
