@@ -1,5 +1,7 @@
 //! How driver and pool errors map onto [`StoreError`].
 
+use std::error::Error as _;
+use std::fmt;
 use std::time::Duration;
 
 use deadpool_postgres::tokio_postgres::error::SqlState;
@@ -11,11 +13,11 @@ use idem_core::StoreError;
 /// deadlock is a retryable `Backend` error, anything else a permanent one.
 pub(crate) fn from_pg(op: &'static str, after: Duration, err: tokio_postgres::Error) -> StoreError {
     if err.is_closed() {
-        return StoreError::unavailable(err);
+        return StoreError::unavailable(PgError { op, err });
     }
     let Some(code) = err.code() else {
         // No SQLSTATE: the error came from the connection (I/O, protocol), not the server.
-        return StoreError::unavailable(err);
+        return StoreError::unavailable(PgError { op, err });
     };
     if *code == SqlState::QUERY_CANCELED {
         return StoreError::Timeout { op, after };
@@ -27,12 +29,52 @@ pub(crate) fn from_pg(op: &'static str, after: Duration, err: tokio_postgres::Er
         || *code == SqlState::CANNOT_CONNECT_NOW
         || *code == SqlState::TOO_MANY_CONNECTIONS;
     if unavailable {
-        return StoreError::unavailable(err);
+        return StoreError::unavailable(PgError { op, err });
     }
     let retryable = matches!(class, "40" | "53" | "55");
     StoreError::Backend {
-        source: Box::new(err),
+        source: Box::new(PgError { op, err }),
         retryable,
+    }
+}
+
+/// A driver error with what the server or the connection said in its message: the driver's
+/// own message is only its kind ("db error", "error connecting to server"), with the server's
+/// message in its source, which a log line or the CLI's `error:` line does not show. The
+/// driver's error stays this error's source.
+#[derive(Debug)]
+struct PgError {
+    op: &'static str,
+    err: tokio_postgres::Error,
+}
+
+impl fmt::Display for PgError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: ", self.op)?;
+        if let Some(db) = self.err.as_db_error() {
+            write!(
+                f,
+                "{}: {} (SQLSTATE {})",
+                db.severity(),
+                db.message(),
+                db.code().code()
+            )?;
+            if let Some(hint) = db.hint() {
+                write!(f, "; hint: {hint}")?;
+            }
+            return Ok(());
+        }
+        write!(f, "{}", self.err)?;
+        if let Some(cause) = self.err.source() {
+            write!(f, ": {cause}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for PgError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.err)
     }
 }
 
