@@ -10,3 +10,11 @@ async fn harness() -> Option<PgHarness> {
 }
 
 idem_testkit::store_conformance!(harness);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_lease_refuses_a_lapsed_holder() {
+    let Some(h) = PgHarness::with_policy(idem_core::machine::LeasePolicy::Strict).await else {
+        return;
+    };
+    idem_testkit::conformance::strict_lease_refuses_a_lapsed_holder(&h).await;
+}

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use idem_core::machine::LeasePolicy;
 use idem_core::{ManualClock, RecordKey, Store, Timestamp};
 use idem_store_redb::RedbStore;
 use idem_testkit::Harness;
@@ -34,10 +35,15 @@ impl Harness for RedbHarness {
 }
 
 async fn harness() -> Option<RedbHarness> {
+    harness_with(LeasePolicy::Lenient)
+}
+
+fn harness_with(policy: LeasePolicy) -> Option<RedbHarness> {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(Timestamp::from_micros(1_700_000_000_000_000));
     let store = RedbStore::builder()
         .clock(clock.clone())
+        .lease_policy(policy)
         .open(dir.path().join("idem.redb"))
         .unwrap();
     Some(RedbHarness {
@@ -48,3 +54,9 @@ async fn harness() -> Option<RedbHarness> {
 }
 
 idem_testkit::store_conformance!(harness);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_lease_refuses_a_lapsed_holder() {
+    let h = harness_with(LeasePolicy::Strict).unwrap();
+    idem_testkit::conformance::strict_lease_refuses_a_lapsed_holder(&h).await;
+}

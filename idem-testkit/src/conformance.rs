@@ -230,6 +230,170 @@ pub async fn lapsed_lease_is_taken_over_with_a_higher_fence(h: &impl Harness) {
     }
 }
 
+/// Under the default (lenient) lease policy, a holder whose lease lapsed but whose key nobody
+/// took over may still heartbeat and complete: only a takeover stops it. A strict store
+/// refuses it instead (see [`strict_lease_refuses_a_lapsed_holder`]).
+pub async fn lapsed_holder_not_taken_over_may_still_complete(h: &impl Harness) {
+    let store = h.store();
+    let k = key("lapsed-holder");
+    let lease = acquire(&*store, &request(&k, "a")).await;
+    h.advance(LEASE + Duration::from_secs(1)).await;
+    let extended = store
+        .heartbeat(&lease, LEASE)
+        .await
+        .expect("a lapsed holder's heartbeat");
+    assert!(extended.until > lease.until);
+    assert_eq!((extended.owner, extended.fence), (lease.owner, lease.fence));
+    // The heartbeat made the lease live again: another claim waits.
+    assert!(matches!(
+        store.claim(&request(&k, "a")).await.expect("claim"),
+        ClaimOutcome::InFlight { .. }
+    ));
+    h.advance(LEASE + Duration::from_secs(1)).await;
+    store
+        .complete(&extended, Bytes::from_static(b"late"), RETENTION)
+        .await
+        .expect("a lapsed holder's complete");
+    match store.claim(&request(&k, "a")).await.expect("claim") {
+        ClaimOutcome::Completed(record) => {
+            assert_eq!(record.result.as_deref(), Some(&b"late"[..]));
+            assert_eq!(record.fence, lease.fence);
+        }
+        other => panic!("expected Completed, got {other:?}"),
+    }
+}
+
+/// For a store built with the strict lease policy (`LeasePolicy::Strict`), not part of
+/// [`crate::store_conformance!`]: call it from the store's own tests with a strict harness.
+///
+/// A holder whose lease lapsed is refused with `Rejection::LeaseExpired` (heartbeat, complete,
+/// permanent and retryable fail), even though nobody took the key over, and the record stays
+/// as it was; the holder may still release it, and a new claim takes it over. A holder inside
+/// its lease completes as usual, and re-sending that complete after its lease would have
+/// lapsed (a lost reply) still answers `Ok`.
+pub async fn strict_lease_refuses_a_lapsed_holder(h: &impl Harness) {
+    let store = h.store();
+    let k = key("strict");
+    let lease = acquire(&*store, &request(&k, "a")).await;
+    h.advance(LEASE + Duration::from_secs(1)).await;
+    let before = record(&*store, &k).await;
+    let lapsed = |what: &str, r: Rejection| {
+        assert_eq!(r, Rejection::LeaseExpired, "{what}");
+    };
+    lapsed(
+        "heartbeat",
+        expect_rejected(store.heartbeat(&lease, LEASE).await, "strict heartbeat"),
+    );
+    lapsed(
+        "complete",
+        expect_rejected(
+            store
+                .complete(&lease, Bytes::from_static(b"late"), RETENTION)
+                .await,
+            "strict complete",
+        ),
+    );
+    lapsed(
+        "permanent fail",
+        expect_rejected(
+            store
+                .fail(&lease, Failure::permanent("late"), RETENTION)
+                .await,
+            "strict permanent fail",
+        ),
+    );
+    lapsed(
+        "retryable fail",
+        expect_rejected(
+            store
+                .fail(&lease, Failure::retryable("late"), RETENTION)
+                .await,
+            "strict retryable fail",
+        ),
+    );
+    assert_eq!(
+        record(&*store, &k).await,
+        before,
+        "a refused holder changed the record"
+    );
+    // Giving the key back is still allowed, and frees it.
+    store.release(&lease).await.expect("strict release");
+    assert!(store.get(&k).await.expect("get").is_none());
+
+    // A lapsed holder is also refused once another claim could take over, and the takeover
+    // is granted.
+    let k2 = key("strict-takeover");
+    let old = acquire(&*store, &request(&k2, "a")).await;
+    h.advance(LEASE + Duration::from_secs(1)).await;
+    let new = acquire(&*store, &request(&k2, "a")).await;
+    assert!(new.fence > old.fence);
+    expect_rejected(
+        store.complete(&old, Bytes::new(), RETENTION).await,
+        "strict complete after a takeover",
+    );
+
+    // Inside its lease, a holder completes; the same complete re-sent after the lease would
+    // have lapsed is answered Ok, and keeps the first result.
+    let k3 = key("strict-resent");
+    let lease = acquire(&*store, &request(&k3, "a")).await;
+    h.advance(LEASE / 2).await;
+    store
+        .complete(&lease, Bytes::from_static(b"first"), RETENTION)
+        .await
+        .expect("strict complete inside the lease");
+    h.advance(LEASE).await;
+    store
+        .complete(&lease, Bytes::from_static(b"first"), RETENTION)
+        .await
+        .expect("re-sent complete after the lease");
+    assert_eq!(
+        record(&*store, &k3).await.result.as_deref(),
+        Some(&b"first"[..])
+    );
+}
+
+/// `delete` answers whether a live record was there: `true` for an in-flight or completed
+/// record (which is then gone, and whose holder is refused), `false` for an absent key, a
+/// record deleted already, or one whose retention ended.
+pub async fn delete_answers_whether_a_live_record_was_there(h: &impl Harness) {
+    let store = h.store();
+    let absent = key("delete-absent");
+    assert!(!store.delete(&absent).await.expect("delete"), "absent key");
+
+    let in_flight = key("delete-in-flight");
+    let lease = acquire(&*store, &request(&in_flight, "a")).await;
+    assert!(store.delete(&in_flight).await.expect("delete"), "in flight");
+    assert!(store.get(&in_flight).await.expect("get").is_none());
+    assert!(!store.delete(&in_flight).await.expect("delete"), "twice");
+    expect_rejected(
+        store.complete(&lease, Bytes::new(), RETENTION).await,
+        "complete after delete",
+    );
+    assert!(
+        store.get(&in_flight).await.expect("get").is_none(),
+        "a refused complete brought the record back"
+    );
+
+    let completed = key("delete-completed");
+    let lease = acquire(&*store, &request(&completed, "a")).await;
+    store
+        .complete(&lease, Bytes::from_static(b"r"), RETENTION)
+        .await
+        .expect("complete");
+    assert!(store.delete(&completed).await.expect("delete"), "completed");
+    // Deleted, the key is free: even another payload is granted.
+    acquire(&*store, &request(&completed, "b")).await;
+
+    let expired = key("delete-expired");
+    let lease = acquire(&*store, &request(&expired, "a")).await;
+    store
+        .complete(&lease, Bytes::new(), Duration::from_secs(60))
+        .await
+        .expect("complete");
+    h.advance(Duration::from_secs(61)).await;
+    assert!(!store.delete(&expired).await.expect("delete"), "expired");
+}
+
 /// After a takeover, the stale owner's heartbeat, complete, fail and release are refused, and
 /// the new owner's record is unchanged by them.
 pub async fn stale_owner_is_rejected_after_takeover(h: &impl Harness) {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use idem_core::machine::LeasePolicy;
 use idem_core::{RecordKey, Store};
 use idem_store_postgres::tokio_postgres::{self, NoTls};
 use idem_store_postgres::{PostgresConfig, PostgresStore};
@@ -80,6 +81,11 @@ pub struct PgHarness {
 impl PgHarness {
     /// A store on a fresh schema, or `None` if the server is missing (outside CI).
     pub async fn new() -> Option<Self> {
+        Self::with_policy(LeasePolicy::Lenient).await
+    }
+
+    /// A store on a fresh schema with the lease policy `policy`.
+    pub async fn with_policy(policy: LeasePolicy) -> Option<Self> {
         if !server_up() {
             return None;
         }
@@ -89,7 +95,8 @@ impl PgHarness {
             .unwrap()
             .with_schema(&name)
             .unwrap()
-            .with_pool_size(std::num::NonZeroUsize::new(16).unwrap());
+            .with_pool_size(std::num::NonZeroUsize::new(16).unwrap())
+            .with_lease_policy(policy);
         let store = PostgresStore::connect(config).await.expect("connect");
         Some(PgHarness { store, schema })
     }
