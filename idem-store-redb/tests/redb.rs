@@ -138,6 +138,71 @@ async fn a_file_has_one_owner_and_is_free_once_the_store_is_dropped() {
     RedbStore::open(&path).unwrap();
 }
 
+/// Set in the child's environment: the file the child holds open.
+const HOLDER_FILE: &str = "IDEM_REDB_HOLDER_FILE";
+
+/// The child of `a_file_open_in_another_process_is_a_clear_error`: opens the store, says so,
+/// and holds it until its stdin closes.
+#[test]
+#[ignore = "the child process of a_file_open_in_another_process_is_a_clear_error"]
+fn child_process_holding_the_file() {
+    let Ok(path) = std::env::var(HOLDER_FILE) else {
+        return;
+    };
+    let store = RedbStore::open(&path).unwrap();
+    println!("OPEN .");
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    drop(store);
+}
+
+#[test]
+fn a_file_open_in_another_process_is_a_clear_error() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.redb");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "child_process_holding_the_file",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(HOLDER_FILE, &path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let opened = stdout
+        .lines()
+        .map_while(Result::ok)
+        .any(|line| line.contains("OPEN ."));
+    assert!(opened, "the child did not open the file");
+
+    let err = RedbStore::open(&path).unwrap_err();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Retryable (the other process may be on its way out), and the message says which file
+    // and why.
+    assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(
+        message.contains(&path.display().to_string()),
+        "the message names the file: {message}"
+    );
+    assert!(
+        message.contains("another process"),
+        "the message says why: {message}"
+    );
+    // Once the holder is gone (even killed), the file opens.
+    RedbStore::open(&path).unwrap();
+}
+
 #[tokio::test]
 async fn a_file_that_is_not_a_store_is_an_error_not_a_panic() {
     let dir = tempfile::tempdir().unwrap();
@@ -145,4 +210,9 @@ async fn a_file_that_is_not_a_store_is_an_error_not_a_panic() {
     std::fs::write(&path, vec![0xabu8; 8192]).unwrap();
     let err = RedbStore::open(&path).unwrap_err();
     assert!(!err.is_retryable(), "{err:?}");
+    let message = err.to_string();
+    assert!(
+        message.contains(&path.display().to_string()),
+        "the message names the file: {message}"
+    );
 }
