@@ -97,12 +97,16 @@ async fn sweep_removes_expired_records_and_compact_gives_space_back() {
         task.await.unwrap();
     }
     assert_eq!(store.sweep().await.unwrap(), 0, "nothing expired yet");
+    let records = |store: &RedbStore| store.stats().expect("redb counts its records").records;
+    assert_eq!(records(&store), 1_500);
     clock.advance(Duration::from_secs(61));
     assert!(
         store.get(&request("k0").key).await.unwrap().is_none(),
         "expired on read"
     );
+    assert_eq!(records(&store), 1_500, "expired records count until swept");
     assert_eq!(store.sweep().await.unwrap(), 1_200);
+    assert_eq!(records(&store), 300);
     assert!(store.get(&request("k1300").key).await.unwrap().is_some());
     let before = std::fs::metadata(&path).unwrap().len();
     assert!(store.compact().await.unwrap());
