@@ -46,6 +46,8 @@
 //! for the sweep (`expires_at`). The embedded migrations keep their own bookkeeping table
 //! (`<schema>.idem_migrations`) and run in one transaction under `pg_advisory_xact_lock`, so
 //! instances starting together apply each migration once: [`migrate`] (`idem store migrate`).
+//! A schema already up to date is only read (no lock, no DDL), so a role that may only use
+//! the records connects with migrations on.
 //!
 //! # One statement per transition
 //!

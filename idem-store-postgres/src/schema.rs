@@ -75,12 +75,28 @@ pub struct MigrationReport {
 /// Applies the missing migrations to `schema` in one transaction, under a transaction-level
 /// advisory lock keyed by the schema name, so concurrent callers (several instances starting at
 /// once) apply each migration exactly once and never see a half-built schema.
+///
+/// A schema already at this build's version is answered after two reads, without the lock and
+/// without DDL, so a role that may only use the records (no `CREATE` on the database) connects
+/// with migrations on.
 pub(crate) async fn migrate(
     client: &mut Client,
     schema: &str,
 ) -> Result<MigrationReport, StoreError> {
     let fail = |e| from_pg("migrate", std::time::Duration::ZERO, e);
     let quoted = quote(schema);
+    if let Some(current) = committed_version(client, &quoted).await {
+        if current > LATEST_VERSION {
+            return Err(newer(schema, current));
+        }
+        if current == LATEST_VERSION {
+            return Ok(MigrationReport {
+                schema: schema.to_owned(),
+                applied: Vec::new(),
+                version: current,
+            });
+        }
+    }
     let tx = client.transaction().await.map_err(fail)?;
     tx.execute(
         "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
@@ -107,14 +123,7 @@ pub(crate) async fn migrate(
         .map_err(fail)?;
     let current: i32 = row.try_get(0).map_err(fail)?;
     if current > LATEST_VERSION {
-        return Err(StoreError::Backend {
-            source: format!(
-                "schema {schema} is at version {current}, newer than this build knows \
-                 ({LATEST_VERSION}): upgrade idem"
-            )
-            .into(),
-            retryable: false,
-        });
+        return Err(newer(schema, current));
     }
     let mut applied = Vec::new();
     for migration in MIGRATIONS.iter().filter(|m| m.version > current) {
@@ -135,6 +144,43 @@ pub(crate) async fn migrate(
         applied,
         version: current.max(LATEST_VERSION),
     })
+}
+
+/// The version of the schema's committed migrations, read without a lock, or `None` if there
+/// is no bookkeeping table yet or it cannot be read (the locked path then answers). A migration
+/// in progress elsewhere is not visible until it commits, and then it is complete.
+async fn committed_version(client: &Client, quoted: &str) -> Option<i32> {
+    let table = format!("{quoted}.idem_migrations");
+    let exists = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+        .await
+        .ok()?
+        .try_get::<_, bool>(0)
+        .ok()?;
+    if !exists {
+        return None;
+    }
+    client
+        .query_one(
+            &format!("SELECT coalesce(max(version), 0) FROM {table}"),
+            &[],
+        )
+        .await
+        .ok()?
+        .try_get(0)
+        .ok()
+}
+
+/// The error for a schema that a newer build migrated.
+fn newer(schema: &str, current: i32) -> StoreError {
+    StoreError::Backend {
+        source: format!(
+            "schema {schema} is at version {current}, newer than this build knows \
+             ({LATEST_VERSION}): upgrade idem"
+        )
+        .into(),
+        retryable: false,
+    }
 }
 
 /// `schema` as a quoted identifier. The name is checked to hold only `a-z`, `0-9` and `_`

@@ -224,6 +224,87 @@ async fn a_schema_named_like_a_keyword_works() {
     }
 }
 
+/// A role with only the rights to use the records (no `CREATE` on the database or the
+/// schema), on a schema a deploy step already migrated, connects with the default
+/// configuration (migrations on connect): an up-to-date schema needs no DDL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_without_ddl_rights_connects_to_a_migrated_schema() {
+    let Some(h) = PgHarness::new().await else {
+        return;
+    };
+    let role = fresh_schema("idem_app");
+    let schema = &h.schema.name;
+    let admin = h.store.pool().get().await.unwrap();
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN;
+             GRANT USAGE ON SCHEMA {schema} TO {role};
+             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role};"
+        ))
+        .await
+        .unwrap();
+    let server: idem_store_postgres::tokio_postgres::Config = url().parse().unwrap();
+    let host_port = common::host_port(&url());
+    let (host, port) = host_port.split_once(':').unwrap();
+    let dbname = server.get_dbname().unwrap_or("test");
+    let config = PostgresConfig::new(&format!(
+        "host={host} port={port} user={role} dbname={dbname}"
+    ))
+    .unwrap()
+    .with_schema(schema)
+    .unwrap();
+    let connected = PostgresStore::connect(config).await;
+    let outcome = match &connected {
+        Ok(store) => Some(store.claim(&request("least-privilege")).await),
+        Err(_) => None,
+    };
+    drop(connected);
+    admin
+        .batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role};"))
+        .await
+        .unwrap();
+    let outcome = outcome.expect("a role without DDL rights could not connect");
+    assert!(
+        matches!(outcome, Ok(ClaimOutcome::Acquired { .. })),
+        "{outcome:?}"
+    );
+}
+
+/// A schema that a newer build migrated is refused with a clear, permanent error, by
+/// `connect` and by `migrate`, and nothing is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_from_a_newer_build_is_refused() {
+    let Some(h) = PgHarness::new().await else {
+        return;
+    };
+    let client = h.store.pool().get().await.unwrap();
+    client
+        .execute(
+            &format!(
+                "INSERT INTO {}.idem_migrations (version, description) VALUES (99, 'future')",
+                h.schema.name
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let config = PostgresConfig::new(&url())
+        .unwrap()
+        .with_schema(&h.schema.name)
+        .unwrap();
+    for err in [
+        PostgresStore::connect(config.clone()).await.unwrap_err(),
+        migrate(&config).await.unwrap_err(),
+    ] {
+        assert!(!err.is_retryable(), "{err:?}");
+        let message = err.to_string();
+        assert!(
+            message.contains("version 99") && message.contains("newer"),
+            "{message}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sweep_removes_expired_rows_and_fences_keep_rising() {
     let Some(h) = PgHarness::new().await else {
