@@ -654,7 +654,7 @@ pub async fn retryable_fail_frees_the_key(h: &impl Harness) {
 }
 
 /// A permanent failure is kept: later claims are answered `Failed` with the failure, for the
-/// retention period.
+/// retention period; after it the key is free again, with a higher fence.
 pub async fn permanent_fail_keeps_a_failed_record(h: &impl Harness) {
     let store = h.store();
     let k = key("permanent");
@@ -675,6 +675,18 @@ pub async fn permanent_fail_keeps_a_failed_record(h: &impl Harness) {
         store.claim(&request(&k, "a")).await.expect("claim"),
         ClaimOutcome::Failed(_)
     ));
+    h.advance(Duration::from_secs(61)).await;
+    assert!(
+        store.get(&k).await.expect("get").is_none(),
+        "a failed record outlived its retention"
+    );
+    let again = acquire(&*store, &request(&k, "a")).await;
+    assert!(
+        again.fence > lease.fence,
+        "{} <= {}",
+        again.fence,
+        lease.fence
+    );
 }
 
 /// Release gives the key back: the next claim is granted at once; a re-sent release is `Ok`.
