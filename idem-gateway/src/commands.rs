@@ -334,7 +334,7 @@ async fn admin_store(config: &Config) -> Result<Arc<dyn Store>, Failure> {
 }
 
 fn store_failure(err: StoreError) -> Failure {
-    Failure::runtime(format!("store: {}", crate::proxy::error_chain(&err)))
+    Failure::runtime(format!("store: {err}"))
 }
 
 /// Where `idem keys` reads and deletes records: the store itself, or a running gateway's admin

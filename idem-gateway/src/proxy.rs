@@ -82,17 +82,13 @@ impl Body for UpstreamBody {
 }
 
 /// An error and its sources, joined by ": " (hyper's own message leaves out the cause):
-/// `client error (Connect): tcp connect error: Connection refused`. A source whose text the
-/// message already ends with (an error that prints its source itself) is not repeated.
+/// `client error (Connect): tcp connect error: Connection refused`.
 pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut current = error.source();
     while let Some(err) = current {
-        let cause = err.to_string();
-        if !text.ends_with(&cause) {
-            text.push_str(": ");
-            text.push_str(&cause);
-        }
+        text.push_str(": ");
+        text.push_str(&err.to_string());
         current = err.source();
     }
     text

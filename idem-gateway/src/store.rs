@@ -220,8 +220,8 @@ mod postgres {
     not(any(feature = "postgres", feature = "redis", feature = "redb")),
     allow(dead_code)
 )]
-fn unreachable(spec: &StoreSpec, err: &(dyn std::error::Error + 'static)) -> Failure {
-    Failure::runtime(format!("store {spec}: {}", crate::proxy::error_chain(err)))
+fn unreachable(spec: &StoreSpec, err: &dyn std::fmt::Display) -> Failure {
+    Failure::runtime(format!("store {spec}: {err}"))
 }
 
 /// The error for a store this build cannot open.
