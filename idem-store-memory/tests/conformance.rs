@@ -46,6 +46,17 @@ async fn harness() -> Option<MemoryHarness> {
 
 idem_testkit::store_conformance!(harness);
 
+#[tokio::test]
+async fn strict_lease_refuses_a_lapsed_holder() {
+    let clock = ManualClock::new(Timestamp::from_micros(1_700_000_000_000_000));
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .lease_policy(idem_core::machine::LeasePolicy::Strict)
+        .build();
+    let h = MemoryHarness { store, clock };
+    idem_testkit::conformance::strict_lease_refuses_a_lapsed_holder(&h).await;
+}
+
 /// The same contract on a bounded store: a capacity and a byte budget, both far above what the
 /// clauses write, so bounding changes no answer.
 mod bounded {

@@ -4,10 +4,20 @@
 
 mod common;
 
-use common::{RedisHarness, single_harness};
+use common::{RedisHarness, single_harness, single_harness_with};
+use idem_core::machine::LeasePolicy;
 
 async fn harness() -> Option<RedisHarness> {
     single_harness().await
 }
 
 idem_testkit::store_conformance!(harness);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_lease_refuses_a_lapsed_holder() {
+    let Some(h) = single_harness_with(|config| config.with_lease_policy(LeasePolicy::Strict)).await
+    else {
+        return;
+    };
+    idem_testkit::conformance::strict_lease_refuses_a_lapsed_holder(&h).await;
+}

@@ -150,12 +150,20 @@ pub fn test_config(config: RedisConfig, offset: &ClockOffset) -> RedisConfig {
 
 /// A harness on the single server, or `None` (skipped loudly) if it is not there.
 pub async fn single_harness() -> Option<RedisHarness> {
+    single_harness_with(|config| config).await
+}
+
+/// A harness on the single server with settings of its own (`tune` changes the test
+/// configuration), or `None` (skipped loudly) if the server is not there.
+pub async fn single_harness_with(
+    tune: impl FnOnce(RedisConfig) -> RedisConfig,
+) -> Option<RedisHarness> {
     let url = single_url();
     if !require_tcp("Redis", &host_port(&url)) {
         return None;
     }
     let offset = ClockOffset::new();
-    let config = test_config(RedisConfig::new(url.clone()).unwrap(), &offset);
+    let config = tune(test_config(RedisConfig::new(url.clone()).unwrap(), &offset));
     let cleanup = Cleanup {
         nodes: vec![url.clone()],
         namespace: config.namespace().to_owned(),
