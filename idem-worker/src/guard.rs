@@ -646,10 +646,23 @@ impl Claim {
         F: FnOnce(JobContext) -> Fut,
         Fut: Future<Output = Result<T, JobError>>,
     {
+        let inner = self.held.inner.clone();
+        if self.held.cancel.is_cancelled() {
+            // The lease was lost while the claim waited (in a receiver's queue, say): another
+            // attempt may hold the key and run the job. Running it here too could take effect
+            // twice, so give the key back (if it is still ours) and let a retry find out.
+            self.held.stop_heartbeat();
+            let source = self.held.take_loss();
+            let fence = self.held.lease.fence;
+            let (outcome, disposition, state_after) = self
+                .release_after(RunError::LeaseLost { fence, source })
+                .await;
+            self.span.record("state_after", state_after);
+            return inner.finish(&self.span, outcome, disposition);
+        }
         let ctx = self.context();
         let started = Instant::now();
         let returned = catch_unwind(|| job(ctx)).await;
-        let inner = self.held.inner.clone();
         inner.labels.job_seconds(started.elapsed().as_secs_f64());
         // The job is over: no more heartbeats, whatever the settle below does.
         self.held.stop_heartbeat();
@@ -827,6 +840,8 @@ struct Held {
     cancel: CancellationToken,
     /// When the lease ends, as far as this process knows (the last granted extension).
     deadline: Arc<Mutex<Instant>>,
+    /// The heartbeat's error that ended the lease, once it did.
+    loss: Arc<Mutex<Option<StoreError>>>,
     heartbeat: Option<JoinHandle<()>>,
     settled: bool,
 }
@@ -836,12 +851,14 @@ impl Held {
     fn start(inner: Arc<Inner>, lease: Lease, delivery: u32, sent: Instant) -> Held {
         let cancel = CancellationToken::new();
         let deadline = Arc::new(Mutex::new(sent + inner.lease));
+        let loss = Arc::new(Mutex::new(None));
         let heartbeat = tokio::spawn(
             heartbeat(
                 inner.clone(),
                 lease.clone(),
                 cancel.clone(),
                 deadline.clone(),
+                loss.clone(),
             )
             .in_current_span(),
         );
@@ -851,6 +868,7 @@ impl Held {
             delivery,
             cancel,
             deadline,
+            loss,
             heartbeat: Some(heartbeat),
             settled: false,
         }
@@ -860,6 +878,15 @@ impl Held {
         if let Some(handle) = self.heartbeat.take() {
             handle.abort();
         }
+    }
+
+    /// The heartbeat's error that ended the lease (taken once).
+    fn take_loss(&self) -> StoreError {
+        let taken = match self.loss.lock() {
+            Ok(mut loss) => loss.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        };
+        taken.unwrap_or_else(|| StoreError::unavailable("the lease was lost"))
     }
 
     /// How long the lease has left, as far as this process knows.
@@ -903,6 +930,7 @@ async fn heartbeat(
     lease: Lease,
     cancel: CancellationToken,
     deadline: Arc<Mutex<Instant>>,
+    loss: Arc<Mutex<Option<StoreError>>>,
 ) {
     let interval = inner.heartbeat;
     let mut ticker = tokio::time::interval_at(Instant::now() + interval, interval);
@@ -936,6 +964,10 @@ async fn heartbeat(
                 }
                 inner.labels.count(m::LEASE_LOSSES);
                 tracing::warn!(%error, "lease lost: cancelling the job");
+                match loss.lock() {
+                    Ok(mut loss) => *loss = Some(error),
+                    Err(poisoned) => *poisoned.into_inner() = Some(error),
+                }
                 cancel.cancel();
                 return;
             }

@@ -57,7 +57,8 @@
 //! While the job runs, a heartbeat extends the lease every [`JobGuard::heartbeat_interval`]
 //! (default: a third of the lease). When a heartbeat is refused (another attempt took the key
 //! over), the job's [`JobContext::cancellation`] token fires; a result it returns anyway is
-//! refused by the store and reported as [`RunError::LeaseLost`], never recorded.
+//! refused by the store and reported as [`RunError::LeaseLost`], never recorded. A claim whose
+//! lease is lost before its job starts (see [`JobGuard::admit`]) does not run the job.
 //!
 //! | the job returns | the key | outcome | disposition |
 //! |---|---|---|---|

@@ -78,7 +78,9 @@ pub enum RunError {
     #[error("the job panicked (key released): {0}")]
     Panicked(String),
     /// The lease was lost (a heartbeat or the completion was refused: another attempt took
-    /// the key over, or the record is gone). The job's result, if any, was NOT recorded.
+    /// the key over, or the record is gone; or the store stayed unreachable for a whole
+    /// lease). The job's result, if any, was NOT recorded; a claim whose lease was lost
+    /// before its job started does not run the job.
     #[error("the lease of fence {fence} was lost; the result was not recorded: {source}")]
     LeaseLost {
         /// The fence this attempt held.

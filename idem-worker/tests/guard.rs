@@ -586,3 +586,47 @@ async fn store_errors_inside_a_job_classify_by_retryability() {
     let unknown: JobError = StoreError::corrupt(&unscoped("k"), "bad").into();
     assert_eq!(unknown.class(), idem_worker::ErrorClass::Unknown);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_whose_lease_was_lost_while_it_waited_does_not_run_the_job() {
+    let (store, clock) = manual_store();
+    let store = Arc::new(store);
+    let guard = guard(store.clone());
+    let Admission::Claimed(claim) = guard.admit::<String>(&key("k"), fp("p"), 1).await else {
+        panic!("the first admission claims");
+    };
+    let old_fence = claim.fence();
+    // The claim waits (in a receiver's queue) past its lease; another attempt takes it over.
+    clock.advance(LEASE + Duration::from_secs(1));
+    let request = ClaimRequest::new(unscoped("k"), fp("p"), LEASE);
+    let ClaimOutcome::Acquired {
+        lease: new_lease, ..
+    } = store.claim(&request).await.unwrap()
+    else {
+        panic!("the lapsed claim is taken over");
+    };
+    // The next heartbeat is refused: the claim's token fires before its job starts.
+    tokio::time::sleep(guard.heartbeat_interval() + Duration::from_millis(1)).await;
+    assert!(claim.context().is_cancelled(), "the heartbeat saw the loss");
+
+    let runs = AtomicU32::new(0);
+    let run = claim.run(|_| ok_job(&runs, "stale")).await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "a lost claim must not run its job: the new holder runs it"
+    );
+    let Outcome::Error(RunError::LeaseLost { fence, source }) = &run.outcome else {
+        panic!("expected a lost lease, got {run:?}");
+    };
+    assert_eq!(*fence, old_fence);
+    assert!(source.rejection().is_some(), "{source}");
+    assert!(
+        matches!(run.disposition, Disposition::Retry { .. }),
+        "{run:?}"
+    );
+    // The new holder's record is untouched.
+    let record = store.get(&unscoped("k")).await.unwrap().unwrap();
+    assert_eq!(record.state, State::InFlight);
+    assert_eq!(record.fence, new_lease.fence);
+}
