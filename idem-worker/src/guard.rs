@@ -850,7 +850,7 @@ impl Held {
     /// Holds `lease`, granted by a claim sent at `sent`.
     fn start(inner: Arc<Inner>, lease: Lease, delivery: u32, sent: Instant) -> Held {
         let cancel = CancellationToken::new();
-        let deadline = Arc::new(Mutex::new(sent + inner.lease));
+        let deadline = Arc::new(Mutex::new(lease_end(sent, inner.lease)));
         let loss = Arc::new(Mutex::new(None));
         let heartbeat = tokio::spawn(
             heartbeat(
@@ -933,8 +933,11 @@ async fn heartbeat(
     loss: Arc<Mutex<Option<StoreError>>>,
 ) {
     let interval = inner.heartbeat;
-    let mut ticker = tokio::time::interval_at(Instant::now() + interval, interval);
+    // `interval` starts at once (no `now + interval`, which overflows for a very long lease):
+    // the first tick completes immediately and is skipped.
+    let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
     loop {
         ticker.tick().await;
         let sent = Instant::now();
@@ -948,7 +951,7 @@ async fn heartbeat(
                     Ok(guard) => guard,
                     Err(poisoned) => poisoned.into_inner(),
                 };
-                *guard = sent + inner.lease;
+                *guard = lease_end(sent, inner.lease);
             }
             Err(error) => {
                 let lapsed = {
@@ -973,6 +976,15 @@ async fn heartbeat(
             }
         }
     }
+}
+
+/// When a lease of `lease` granted at `sent` ends; far in the future (never a panic) for a
+/// lease longer than the clock can count.
+fn lease_end(sent: Instant, lease: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
+    sent.checked_add(lease)
+        .or_else(|| sent.checked_add(FAR))
+        .unwrap_or(sent)
 }
 
 /// Creates the future with `make` and runs it, catching a panic in either step: `Err` holds

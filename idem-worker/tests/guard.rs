@@ -630,3 +630,24 @@ async fn a_claim_whose_lease_was_lost_while_it_waited_does_not_run_the_job() {
     assert_eq!(record.state, State::InFlight);
     assert_eq!(record.fence, new_lease.fence);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_too_long_for_the_clock_never_panics() {
+    let store = Arc::new(MemoryStore::new());
+    let guard = JobGuard::builder(store.clone())
+        .lease(Duration::MAX)
+        .build()
+        .unwrap();
+    let runs = AtomicU32::new(0);
+    let run = guard.run(&key("k"), fp("p"), |_| ok_job(&runs, "v")).await;
+    assert!(matches!(run.outcome, Outcome::Executed(_)), "{run:?}");
+    let run = guard
+        .run(&key("u"), fp("p"), |_| async {
+            Err::<String, _>(JobError::unknown("timed out"))
+        })
+        .await;
+    assert!(
+        matches!(run.outcome, Outcome::Error(RunError::UnknownOutcome(_))),
+        "{run:?}"
+    );
+}
