@@ -174,6 +174,10 @@ impl RetryPolicy {
     pub fn base_delay(&self, delivery: u32) -> Duration {
         let exponent = i32::try_from(delivery.saturating_sub(1)).unwrap_or(i32::MAX);
         let seconds = self.initial.as_secs_f64() * self.multiplier.powi(exponent);
+        if seconds.is_nan() {
+            // 0 x infinity: a zero initial delay stays zero, however many deliveries.
+            return Duration::ZERO;
+        }
         Duration::try_from_secs_f64(seconds)
             .unwrap_or(self.max_delay)
             .min(self.max_delay)
@@ -271,6 +275,18 @@ mod tests {
         assert_eq!(policy.base_delay(u32::MAX), Duration::from_secs(300));
         assert_eq!(policy.delay_with(2, 1.0), Duration::from_secs(1));
         assert_eq!(policy.after_failure(10), Disposition::DeadLetter);
+    }
+
+    #[test]
+    fn a_zero_initial_delay_stays_zero_for_every_delivery() {
+        let policy = RetryPolicy::default().with_initial_delay(Duration::ZERO);
+        for delivery in [0, 1, 2, 1_000, 1_100, u32::MAX] {
+            assert_eq!(
+                policy.base_delay(delivery),
+                Duration::ZERO,
+                "delivery {delivery}"
+            );
+        }
     }
 
     #[test]
