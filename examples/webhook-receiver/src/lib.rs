@@ -17,7 +17,10 @@
 //! Because the key is claimed before the 202, a duplicate arriving while the event waits in the
 //! queue is answered 409, and the heartbeat keeps the claim alive while it waits. A transient
 //! failure is retried inside the receiver with the guard's backoff (the sender already got its
-//! 202 and will not resend); a permanent one is recorded and answered to every duplicate.
+//! 202 and will not resend), in a task of its own so the workers go on with the queue; the
+//! retry claims the key again at once and holds it through the backoff, so a duplicate
+//! meanwhile is answered 409 too. A permanent failure is recorded and answered to every
+//! duplicate.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -152,7 +155,7 @@ async fn receive(
             "the event has no id: send it in the header or in the body",
         );
     };
-    let Ok(key) = IdempotencyKey::new(format!("webhook:{source}:{id}")) else {
+    let Ok(key) = event_key(&source, &id) else {
         return problem(
             StatusCode::BAD_REQUEST,
             "the event id is not 1 to 255 bytes of printable ASCII",
@@ -248,8 +251,13 @@ fn event_id(headers: &HeaderMap, body: &[u8], config: &Config) -> Option<String>
     }
 }
 
-/// One worker: takes queued events and runs them through their claim, retrying transient
-/// failures with the guard's backoff.
+/// The key of event `id` from `source`.
+fn event_key(source: &str, id: &str) -> Result<IdempotencyKey, idem_core::KeyError> {
+    IdempotencyKey::new(format!("webhook:{source}:{id}"))
+}
+
+/// One worker: takes queued events and runs them through their claim; an event to retry goes
+/// on in a task of its own ([`retry`]), so this worker goes on with the queue.
 async fn work(guard: JobGuard, queue: Arc<Mutex<mpsc::Receiver<Job>>>, process: Processor) {
     loop {
         let job = {
@@ -267,27 +275,65 @@ async fn work(guard: JobGuard, queue: Arc<Mutex<mpsc::Receiver<Job>>>, process: 
         let process_once = process.clone();
         let first = event.clone();
         let run: Run<Value> = claim.run(move |ctx| process_once(first, ctx)).await;
-        let mut disposition = run.disposition;
-        let mut delivery = 1;
-        // The sender already has its 202: retries are ours.
-        while let Disposition::Retry { after } = disposition {
-            tokio::time::sleep(after).await;
-            delivery += 1;
-            let Ok(key) = IdempotencyKey::new(format!("webhook:{}:{}", event.source, event.id))
-            else {
-                return;
-            };
-            let process = process.clone();
-            let again = event.clone();
-            let run: Run<Value> = guard
-                .run_delivery(&key, fingerprint, delivery, move |ctx| process(again, ctx))
-                .await;
-            disposition = run.disposition;
-        }
-        if disposition == Disposition::DeadLetter {
-            tracing::error!(source = %event.source, id = %event.id, "event dead-lettered");
+        match run.disposition {
+            // The sender already has its 202: retries are ours.
+            Disposition::Retry { after } => {
+                tokio::spawn(retry(
+                    guard.clone(),
+                    process.clone(),
+                    event,
+                    fingerprint,
+                    after,
+                ));
+            }
+            Disposition::DeadLetter => dead_lettered(&event),
+            Disposition::Ack => {}
         }
     }
+}
+
+/// Runs `event` again after `backoff`, with the guard's backoff between tries, until it is
+/// done or dead-lettered. Each try claims the key at once and holds it (the heartbeat keeps
+/// it) through its backoff: a duplicate meanwhile is answered 409, not accepted again.
+async fn retry(
+    guard: JobGuard,
+    process: Processor,
+    event: Event,
+    fingerprint: Fingerprint,
+    mut backoff: Duration,
+) {
+    let Ok(key) = event_key(&event.source, &event.id) else {
+        return;
+    };
+    let mut delivery = 1;
+    loop {
+        delivery += 1;
+        let disposition = match guard.admit::<Value>(&key, fingerprint, delivery).await {
+            Admission::Claimed(claim) => {
+                tokio::time::sleep(backoff).await;
+                let (process, again) = (process.clone(), event.clone());
+                claim.run(move |ctx| process(again, ctx)).await.disposition
+            }
+            Admission::Answered(run) => match run.disposition {
+                // Held elsewhere (or the store is down): wait as told, then claim and run.
+                Disposition::Retry { after } => {
+                    tokio::time::sleep(after).await;
+                    backoff = Duration::ZERO;
+                    continue;
+                }
+                settled => settled,
+            },
+        };
+        match disposition {
+            Disposition::Retry { after } => backoff = after,
+            Disposition::DeadLetter => return dead_lettered(&event),
+            Disposition::Ack => return,
+        }
+    }
+}
+
+fn dead_lettered(event: &Event) {
+    tracing::error!(source = %event.source, id = %event.id, "event dead-lettered");
 }
 
 fn json_body(value: &Value) -> ([(HeaderName, HeaderValue); 1], String) {

@@ -246,3 +246,107 @@ async fn an_event_without_a_usable_id_is_refused() {
     assert_eq!(not_json.status, 400);
     assert_eq!(receiver.started.load(Ordering::SeqCst), 0);
 }
+
+/// A receiver whose processor fails transiently on the first try of each event whose id starts
+/// with `flaky`, and whose guard backs off `backoff` (no jitter) before the retry.
+async fn start_flaky(config: Config, backoff: Duration) -> Receiver {
+    let gate = Arc::new(Semaphore::new(0));
+    let started = Arc::new(AtomicU32::new(0));
+    let executed = Arc::new(AtomicU32::new(0));
+    let guard = JobGuard::builder(Arc::new(MemoryStore::new()))
+        .job_type("webhook")
+        .retry_policy(
+            idem_worker::RetryPolicy::default()
+                .with_initial_delay(backoff)
+                .with_jitter(0.0)
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let process = processor({
+        let (started, executed) = (started.clone(), executed.clone());
+        move |event, ctx| {
+            let (started, executed) = (started.clone(), executed.clone());
+            async move {
+                started.fetch_add(1, Ordering::SeqCst);
+                if event.id.starts_with("flaky") && ctx.delivery() == 1 {
+                    return Err(idem_worker::JobError::transient("downstream busy"));
+                }
+                executed.fetch_add(1, Ordering::SeqCst);
+                Ok(json!({"processed": event.id}))
+            }
+        }
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let router = app(guard, config, process);
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    Receiver {
+        addr,
+        gate,
+        started,
+        executed,
+    }
+}
+
+#[tokio::test]
+async fn a_duplicate_while_the_first_waits_for_its_retry_gets_409() {
+    let receiver = start_flaky(Config::default(), Duration::from_secs(2)).await;
+    let first = post(receiver.addr, "/webhooks/shop", Some("flaky_1"), "{}").await;
+    assert_eq!(first.status, 202);
+    // The first try failed transiently; the retry waits for its backoff.
+    wait_for(&receiver.started, 1).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let dup = post(receiver.addr, "/webhooks/shop", Some("flaky_1"), "{}").await;
+    assert_eq!(
+        dup.status, 409,
+        "the event is still being processed (waiting for its retry): {}",
+        dup.body
+    );
+    assert!(dup.header("retry-after").is_some());
+
+    let done = until_done(receiver.addr, "/webhooks/shop", Some("flaky_1"), "{}").await;
+    assert_eq!(done.status, 200, "{}", done.body);
+    assert_eq!(receiver.executed.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        receiver.started.load(Ordering::SeqCst),
+        2,
+        "one retry, no second run"
+    );
+}
+
+#[tokio::test]
+async fn a_retry_waiting_for_its_backoff_does_not_hold_up_other_events() {
+    let receiver = start_flaky(
+        Config {
+            workers: 1,
+            ..Config::default()
+        },
+        Duration::from_secs(4),
+    )
+    .await;
+    assert_eq!(
+        post(receiver.addr, "/webhooks/s", Some("flaky_a"), "{}")
+            .await
+            .status,
+        202
+    );
+    wait_for(&receiver.started, 1).await;
+    // The only worker must not sleep through flaky_a's 4 s backoff with b in the queue.
+    assert_eq!(
+        post(receiver.addr, "/webhooks/s", Some("b"), "{}")
+            .await
+            .status,
+        202
+    );
+    let started = std::time::Instant::now();
+    wait_for(&receiver.executed, 1).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "b waited {:?} behind a retry",
+        started.elapsed()
+    );
+    let done = until_done(receiver.addr, "/webhooks/s", Some("b"), "{}").await;
+    assert_eq!(done.json(), json!({"processed": "b"}));
+}
