@@ -933,13 +933,9 @@ async fn heartbeat(
     loss: Arc<Mutex<Option<StoreError>>>,
 ) {
     let interval = inner.heartbeat;
-    // `interval` starts at once (no `now + interval`, which overflows for a very long lease):
-    // the first tick completes immediately and is skipped.
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticker.tick().await;
+    let mut next = lease_end(Instant::now(), interval);
     loop {
-        ticker.tick().await;
+        tokio::time::sleep_until(next).await;
         let sent = Instant::now();
         match inner
             .labels
@@ -952,17 +948,20 @@ async fn heartbeat(
                     Err(poisoned) => poisoned.into_inner(),
                 };
                 *guard = lease_end(sent, inner.lease);
+                next = lease_end(sent, interval);
             }
             Err(error) => {
-                let lapsed = {
-                    let guard = match deadline.lock() {
-                        Ok(guard) => guard,
-                        Err(poisoned) => poisoned.into_inner(),
-                    };
-                    Instant::now() >= *guard
+                let ends = match deadline.lock() {
+                    Ok(guard) => *guard,
+                    Err(poisoned) => *poisoned.into_inner(),
                 };
-                if error.is_retryable() && !lapsed {
+                let now = Instant::now();
+                if error.is_retryable() && now < ends {
                     tracing::warn!(%error, "heartbeat failed; trying again");
+                    // Again after an interval, but no later than the lease's end: a store
+                    // still unreachable then means the lease is lost, and the job learns it
+                    // when the lease ends, not up to an interval later.
+                    next = lease_end(now, interval).min(ends);
                     continue;
                 }
                 inner.labels.count(m::LEASE_LOSSES);

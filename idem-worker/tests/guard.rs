@@ -651,3 +651,33 @@ async fn a_lease_too_long_for_the_clock_never_panics() {
         "{run:?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_unreachable_store_cancels_the_job_when_the_lease_ends_not_a_heartbeat_later() {
+    let (store, faults, _clock) = faulty();
+    faults.heartbeat_down.store(true, Ordering::SeqCst);
+    // A heartbeat interval of two thirds of the lease: the second tick comes after the lease.
+    let guard = JobGuard::builder(store)
+        .lease(LEASE)
+        .heartbeat_interval(LEASE * 2 / 3)
+        .build()
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let run = guard
+        .run(&key("k"), fp("p"), |ctx| async move {
+            ctx.cancelled().await;
+            Ok::<_, JobError>(started.elapsed())
+        })
+        .await;
+    let Some(cancelled_after) = run.result().copied() else {
+        panic!("the job ends once cancelled: {run:?}");
+    };
+    assert!(
+        cancelled_after <= LEASE + Duration::from_millis(100),
+        "the job learnt of the lost lease {cancelled_after:?} after its start (lease {LEASE:?})"
+    );
+    assert!(
+        cancelled_after >= LEASE - Duration::from_millis(100),
+        "{cancelled_after:?}"
+    );
+}
