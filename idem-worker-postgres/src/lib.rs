@@ -134,7 +134,9 @@ impl PgJobGuard {
                 return self.answered(&span, Err(error), delivery);
             }
         };
-        let claimed = self.store.claim_in(&tx, &request).await;
+        let claimed = guard
+            .store_op("claim", self.store.claim_in(&tx, &request))
+            .await;
         let lease = match guard.answer::<T>(&span, claimed, delivery) {
             Ok(run) => {
                 // Nothing was written: end the transaction.
@@ -156,7 +158,9 @@ impl PgJobGuard {
                     return guard.report(&span, outcome, disposition);
                 }
             };
+            let started = std::time::Instant::now();
             let returned = idem_worker::catch_unwind(|| job(ctx, &savepoint)).await;
+            guard.record_job_duration(started.elapsed());
             match returned {
                 Ok(Ok(value)) => match serde_json::to_vec(&value) {
                     Ok(bytes) => match savepoint.commit().await {
@@ -217,9 +221,11 @@ impl PgJobGuard {
         let retry = guard.retry_policy();
         let (outcome, disposition, state) = match ended {
             Ended::Done(value, bytes) => {
-                let completed = self
-                    .store
-                    .complete_in(&tx, lease, bytes, guard.retention())
+                let completed = guard
+                    .store_op(
+                        "complete",
+                        self.store.complete_in(&tx, lease, bytes, guard.retention()),
+                    )
                     .await;
                 match completed {
                     Ok(()) => match tx.commit().await {
@@ -314,8 +320,12 @@ impl PgJobGuard {
     ) -> (Outcome<T>, Disposition, &'static str) {
         let retry = self.guard.retry_policy();
         let failed = self
-            .store
-            .fail_in(&tx, lease, failure.clone(), self.guard.failure_retention())
+            .guard
+            .store_op(
+                "fail",
+                self.store
+                    .fail_in(&tx, lease, failure.clone(), self.guard.failure_retention()),
+            )
             .await;
         match failed {
             Ok(()) => match tx.commit().await {

@@ -485,6 +485,26 @@ impl JobGuard {
         self.inner.finish(span, outcome, disposition)
     }
 
+    /// Runs one store operation `op` of a variant of the guard (see [`JobGuard::answer`]),
+    /// timing it into `idem_store_operation_seconds` and counting its error into
+    /// `idem_store_errors_total`, with the guard's `job_type` and `store` labels.
+    ///
+    /// # Errors
+    /// The operation's error, unchanged.
+    pub async fn store_op<T>(
+        &self,
+        op: &'static str,
+        operation: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        self.inner.labels.store_op(op, operation).await
+    }
+
+    /// Records how long a job ran (`idem_job_duration_seconds`), for a variant of the guard
+    /// (see [`JobGuard::answer`]).
+    pub fn record_job_duration(&self, elapsed: Duration) {
+        self.inner.labels.job_seconds(elapsed.as_secs_f64());
+    }
+
     /// The job type (the `job_type` label).
     #[must_use]
     pub fn job_type(&self) -> &str {

@@ -1,0 +1,148 @@
+//! The transactional guard emits the metrics of DESIGN.md section 8 as the plain guard does:
+//! job duration by job type, store operation latency by store and op. Against the real
+//! PostgreSQL server (`IDEM_TEST_POSTGRES_URL`), on a schema of its own.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use idem_core::{Fingerprint, IdempotencyKey};
+use idem_store_postgres::deadpool_postgres::Transaction;
+use idem_store_postgres::{PostgresConfig, PostgresStore};
+use idem_testkit::probe::{require_tcp, service_url};
+use idem_worker::{JobContext, JobError, JobGuard, Outcome};
+use idem_worker_postgres::PgJobGuard;
+use metrics::{
+    Counter, CounterFn, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
+    SharedString, Unit,
+};
+
+/// Counts counter increments and histogram records by metric name and labels.
+#[derive(Default)]
+struct Counting {
+    cells: Mutex<BTreeMap<String, Arc<Cell>>>,
+}
+
+struct Cell(AtomicU64);
+
+impl CounterFn for Cell {
+    fn increment(&self, value: u64) {
+        self.0.fetch_add(value, Ordering::SeqCst);
+    }
+    fn absolute(&self, value: u64) {
+        self.0.store(value, Ordering::SeqCst);
+    }
+}
+
+impl HistogramFn for Cell {
+    fn record(&self, _: f64) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Counting {
+    fn cell(&self, key: &Key) -> Arc<Cell> {
+        let mut labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        labels.sort();
+        let name = format!("{}{{{}}}", key.name(), labels.join(","));
+        self.cells
+            .lock()
+            .unwrap()
+            .entry(name)
+            .or_insert_with(|| Arc::new(Cell(AtomicU64::new(0))))
+            .clone()
+    }
+
+    fn get(&self, name: &str) -> u64 {
+        self.cells
+            .lock()
+            .unwrap()
+            .get(name)
+            .map_or(0, |c| c.0.load(Ordering::SeqCst))
+    }
+}
+
+impl Recorder for Counting {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        Counter::from_arc(self.cell(key))
+    }
+    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::noop()
+    }
+    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::from_arc(self.cell(key))
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn job_duration_and_store_operations_are_measured() {
+    let url = service_url(
+        "IDEM_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    );
+    let config: idem_store_postgres::tokio_postgres::Config = url.parse().unwrap();
+    let host = match config.get_hosts().first() {
+        Some(idem_store_postgres::tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        _ => "127.0.0.1".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    if !require_tcp("PostgreSQL", &format!("{host}:{port}")) {
+        return;
+    }
+    let schema = format!("idem_wpgm_{:016x}", rand::random::<u64>());
+    let store = PostgresStore::connect(
+        PostgresConfig::new(&url)
+            .unwrap()
+            .with_schema(&schema)
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+
+    let recorder = Counting::default();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let guard = JobGuard::builder(Arc::new(store.clone()))
+        .job_type("credit")
+        .store_label("postgres")
+        .build()
+        .unwrap();
+    let guard = PgJobGuard::new(guard, store.clone());
+    let key = IdempotencyKey::new("credit:1").unwrap();
+    let fp = Fingerprint::of(&[b"p"]);
+    let job = async |_ctx: JobContext, _tx: &Transaction<'_>| Ok::<_, JobError>(7u32);
+    let run = guard.run_in_tx(&key, fp, 1, job).await;
+    assert!(matches!(run.outcome, Outcome::Executed(7)), "{run:?}");
+    let failing = IdempotencyKey::new("credit:2").unwrap();
+    let job = async |_ctx: JobContext, _tx: &Transaction<'_>| {
+        Err::<u32, _>(JobError::permanent("invalid"))
+    };
+    let run = guard.run_in_tx(&failing, fp, 1, job).await;
+    assert!(matches!(run.outcome, Outcome::Failed(_)), "{run:?}");
+
+    assert_eq!(
+        recorder.get("idem_job_duration_seconds{job_type=credit}"),
+        2
+    );
+    for (op, times) in [("claim", 2), ("complete", 1), ("fail", 1)] {
+        assert_eq!(
+            recorder.get(&format!(
+                "idem_store_operation_seconds{{job_type=credit,op={op},store=postgres}}"
+            )),
+            times,
+            "{op}"
+        );
+    }
+
+    let client = store.pool().get().await.unwrap();
+    client
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await
+        .unwrap();
+}
