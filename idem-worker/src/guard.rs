@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use idem_core::{
     Bytes, ClaimOutcome, ClaimRequest, Failure, Fence, Fingerprint, IdempotencyKey, Lease,
-    RecordKey, Scope, Store, StoreError,
+    OwnerToken, RecordKey, Scope, Store, StoreError,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -336,16 +336,27 @@ impl JobGuard {
     ) -> Admission<T> {
         let delivery = delivery.max(1);
         let span = self.span(key, delivery);
-        let request = self.claim_request(key, fingerprint);
+        // The owner is chosen here, so that a claim whose answer is lost can be sent again
+        // and be answered the grant it made.
+        let request = self
+            .claim_request(key, fingerprint)
+            .with_owner(OwnerToken::random());
         // The store starts the lease when it takes the claim, which is after this and before
         // the answer arrives: counting from here never overestimates it.
         let sent = Instant::now();
-        let claimed = self
-            .inner
-            .labels
-            .store_op("claim", self.inner.store.claim(&request))
-            .instrument(span.clone())
-            .await;
+        let claim = || {
+            self.inner
+                .labels
+                .store_op("claim", self.inner.store.claim(&request))
+                .instrument(span.clone())
+        };
+        let mut claimed = claim().await;
+        if matches!(claimed, Err(StoreError::Timeout { .. })) {
+            // The claim may have been granted with only its answer lost: that grant would hold
+            // the key for a whole lease with nothing running. Sent again (same owner), it is
+            // answered that grant, or granted now.
+            claimed = claim().await;
+        }
         match self.answer(&span, claimed, delivery) {
             Ok(run) => Admission::Answered(run),
             Err((lease, taken_over)) => Admission::Claimed(Claim {

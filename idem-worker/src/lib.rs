@@ -54,6 +54,10 @@
 //! | a permanent failure | [`Outcome::Failed`] | [`Disposition::DeadLetter`] |
 //! | an error | [`Outcome::Error`] | retry with backoff, or dead-letter |
 //!
+//! A claim whose answer times out may have been granted all the same; the guard sends it once
+//! more with the same owner token, and the store answers that grant (the job runs) or grants
+//! it now. Only a second timeout is answered as an error.
+//!
 //! While the job runs, a heartbeat extends the lease every [`JobGuard::heartbeat_interval`]
 //! (default: a third of the lease). When a heartbeat is refused (another attempt took the key
 //! over), the job's [`JobContext::cancellation`] token fires; a result it returns anyway is

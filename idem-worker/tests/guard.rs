@@ -480,6 +480,35 @@ async fn store_errors_at_the_claim_retry_or_dead_letter() {
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
 
+/// A claim the store granted but whose answer was lost (a timeout) is sent again with the same
+/// owner and answered that grant: the job runs now, instead of the key sitting in flight for a
+/// whole lease with nothing running. Two lost answers in a row: the delivery is retried, and
+/// the key waits out its lease.
+#[tokio::test]
+async fn a_claim_whose_answer_was_lost_is_sent_again_and_runs() {
+    let (store, faults, _clock) = faulty();
+    let guard = guard(store.clone());
+    let runs = AtomicU32::new(0);
+    faults.claim_lost_replies.store(1, Ordering::SeqCst);
+    let run = guard.run(&key("k"), fp("p"), |_| ok_job(&runs, "x")).await;
+    assert!(matches!(run.outcome, Outcome::Executed(_)), "{run:?}");
+    assert_eq!(run.disposition, Disposition::Ack);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(state_of(&store, "k").await, Some(State::Completed));
+
+    faults.claim_lost_replies.store(2, Ordering::SeqCst);
+    let run = guard.run(&key("k2"), fp("p"), |_| ok_job(&runs, "x")).await;
+    assert!(
+        matches!(
+            run.outcome,
+            Outcome::Error(RunError::Store { op: "claim", .. })
+        ),
+        "{run:?}"
+    );
+    assert!(matches!(run.disposition, Disposition::Retry { .. }));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_result_the_store_cannot_take_keeps_the_claim_until_the_lease_ends() {
     let (store, faults, _clock) = faulty();
