@@ -316,7 +316,9 @@ fn push_json_string(out: &mut String, text: &str) {
 
 /// Whole seconds for `Retry-After`: rounded up, at least 1.
 pub(crate) fn retry_after_secs(delay: Duration) -> u64 {
-    let secs = delay.as_secs() + u64::from(delay.subsec_nanos() > 0);
+    let secs = delay
+        .as_secs()
+        .saturating_add(u64::from(delay.subsec_nanos() > 0));
     secs.max(1)
 }
 
@@ -330,6 +332,7 @@ mod tests {
         assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
         assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
         assert_eq!(retry_after_secs(Duration::from_secs(30)), 30);
+        assert_eq!(retry_after_secs(Duration::MAX), u64::MAX);
     }
 
     #[test]

@@ -43,6 +43,17 @@ pub const STATUS_HEADER: &str = "idempotency-status";
 const CAPTURE_FACTOR: usize = 16;
 /// Frames buffered between the handler's task and a slow client.
 const STREAM_FRAMES: usize = 16;
+/// The end of a deadline too far away for the clock: about 30 years.
+const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 86_400);
+
+/// The instant `by` from now, saturated: a lease, heartbeat or wait as long as `Duration::MAX`
+/// means "no end in sight", never an `Instant` overflow (a panic).
+fn after(by: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(by)
+        .or_else(|| now.checked_add(FAR_FUTURE))
+        .unwrap_or(now)
+}
 
 /// The middleware of [`crate::IdempotencyLayer`]: wraps the service `S`.
 pub struct Idempotency<S> {
@@ -236,7 +247,7 @@ async fn process<S, ReqBody, ResBody>(
     // The owner is chosen here, so that a claim whose answer is lost can be sent again to learn
     // whether it was granted ([`release_if_granted`]).
     let claim = ClaimRequest::new(key, fingerprint, config.lease).with_owner(OwnerToken::random());
-    let deadline = config.wait.map(|wait| Instant::now() + wait);
+    let deadline = config.wait.map(after);
     let mut pause = Duration::from_millis(10);
     let answer = loop {
         let claimed = shared.store.claim(&claim);
@@ -321,7 +332,7 @@ fn release_if_granted(shared: Arc<Shared>, claim: ClaimRequest) {
         return;
     };
     runtime.spawn(async move {
-        let deadline = Instant::now() + claim.lease;
+        let deadline = after(claim.lease);
         let mut pause = Duration::from_millis(100);
         loop {
             tokio::time::sleep(pause).await;
@@ -667,7 +678,7 @@ impl Claim {
     /// attempt may hold the key, and this one's completion would be refused anyway.
     async fn retry_complete(&mut self, encoded: Bytes) {
         let config = &self.shared.config;
-        let deadline = Instant::now() + config.lease;
+        let deadline = after(config.lease);
         let mut pause = Duration::from_millis(50);
         loop {
             let now = Instant::now();
@@ -736,7 +747,7 @@ impl Drop for Claim {
 async fn heartbeat(shared: Arc<Shared>, lease: Lease) {
     let config = &shared.config;
     let every = config.heartbeat;
-    let mut ticker = tokio::time::interval_at(Instant::now() + every, every);
+    let mut ticker = tokio::time::interval_at(after(every), every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;

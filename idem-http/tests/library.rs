@@ -1,0 +1,79 @@
+//! The layer used as a library, through tower calls (no network).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::post;
+use http::{Request, Response, StatusCode};
+use idem_http::{Config, IdempotencyLayer, Outcome};
+use idem_store_memory::MemoryStore;
+use idem_testkit::faulty::FaultyStore;
+use tower::ServiceExt;
+
+fn post_with_key(path: &str, key: &str, body: &'static str) -> Request<Body> {
+    Request::post(path)
+        .header("idempotency-key", key)
+        .body(Body::from(body))
+        .unwrap()
+}
+
+fn outcome_of<B>(response: &Response<B>) -> Option<Outcome> {
+    response.extensions().get::<Outcome>().copied()
+}
+
+/// A lease, heartbeat or wait of `Duration::MAX` ("no end") is accepted by the builder: it
+/// must not overflow the clock (a panic, answered 500) when a request uses it.
+#[tokio::test]
+async fn settings_as_long_as_duration_max_do_not_overflow_the_clock() {
+    let config = Config::builder()
+        .lease(Duration::MAX)
+        .heartbeat(Duration::MAX - Duration::from_secs(1))
+        .wait_for_in_flight(Duration::MAX)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/run",
+            post(|| async {
+                // Long enough for the heartbeat to start.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                "ok"
+            }),
+        )
+        .layer(IdempotencyLayer::with_config(MemoryStore::new(), config));
+    let first = app
+        .clone()
+        .oneshot(post_with_key("/run", "\"k\"", ""))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(outcome_of(&first), Some(Outcome::Executed));
+    let replay = app
+        .oneshot(post_with_key("/run", "\"k\"", ""))
+        .await
+        .unwrap();
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+}
+
+/// A `Retry-After` of `Duration::MAX` for a store that is down is a 503, not an overflow.
+#[tokio::test]
+async fn a_store_retry_after_of_duration_max_is_a_503() {
+    let store = FaultyStore::new(MemoryStore::new());
+    store.faults.claim_down.store(true, Ordering::SeqCst);
+    let config = Config::builder()
+        .store_retry_after(Duration::MAX)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/run", post(|| async { "ok" }))
+        .layer(IdempotencyLayer::with_config(store, config));
+    let answer = app
+        .oneshot(post_with_key("/run", "\"k\"", ""))
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(answer.headers()["retry-after"], u64::MAX.to_string());
+}
