@@ -5,6 +5,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idem_core::BoxError;
@@ -56,7 +57,7 @@ pin_project! {
     #[project = KindProj]
     enum Kind<B> {
         Inner { #[pin] body: B },
-        Full { data: Option<Bytes> },
+        Full { data: Option<Bytes>, trailers: Option<Box<HeaderMap>> },
         Stream { frames: mpsc::Receiver<StreamFrame>, hint: SizeHint, done: bool },
     }
 }
@@ -82,9 +83,15 @@ impl<B> ResponseBody<B> {
 
     /// A body held in memory.
     pub(crate) fn full(data: Bytes) -> Self {
+        ResponseBody::collected(data, None)
+    }
+
+    /// A body held in memory, followed by the handler's trailers if it sent any.
+    pub(crate) fn collected(data: Bytes, trailers: Option<HeaderMap>) -> Self {
         ResponseBody {
             kind: Kind::Full {
                 data: (!data.is_empty()).then_some(data),
+                trailers: trailers.map(Box::new),
             },
         }
     }
@@ -122,7 +129,10 @@ where
             KindProj::Inner { body } => body
                 .poll_frame(cx)
                 .map(|frame| frame.map(|result| result.map_err(Into::into))),
-            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Full { data, trailers } => Poll::Ready(match data.take() {
+                Some(data) => Some(Ok(Frame::data(data))),
+                None => trailers.take().map(|t| Ok(Frame::trailers(*t))),
+            }),
             KindProj::Stream { frames, done, .. } => {
                 if *done {
                     return Poll::Ready(None);
@@ -139,7 +149,7 @@ where
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Inner { body } => body.is_end_stream(),
-            Kind::Full { data } => data.is_none(),
+            Kind::Full { data, trailers } => data.is_none() && trailers.is_none(),
             Kind::Stream { done, .. } => *done,
         }
     }
@@ -147,7 +157,7 @@ where
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Inner { body } => body.size_hint(),
-            Kind::Full { data } => {
+            Kind::Full { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
             Kind::Stream { hint, .. } => *hint,

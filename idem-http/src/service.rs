@@ -463,9 +463,12 @@ async fn drive<S, ReqBody, ResBody>(
         // A body of known, moderate size: read it whole, store it, then answer.
         match claim.beating(body.collect()).await {
             Ok(collected) => {
+                // Trailers go to this caller; they are not stored (a replay has none).
+                let trailers = collected.trailers().cloned();
                 let bytes = collected.to_bytes();
                 let unstored = claim.complete(status, headers, Some(bytes.clone())).await;
-                let _ = reply.send(Ok(Response::from_parts(parts, ResponseBody::full(bytes))));
+                let body = ResponseBody::collected(bytes, trailers);
+                let _ = reply.send(Ok(Response::from_parts(parts, body)));
                 // The caller has its answer; the record is still worth storing.
                 if let Some(encoded) = unstored {
                     claim.retry_complete(encoded).await;

@@ -1,13 +1,16 @@
 //! The layer used as a library, through tower calls (no network).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
 use axum::routing::post;
+use bytes::Bytes;
 use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
 use idem_http::{Config, IdempotencyLayer, Outcome};
 use idem_store_memory::MemoryStore;
 use idem_testkit::faulty::FaultyStore;
@@ -76,4 +79,42 @@ async fn a_store_retry_after_of_duration_max_is_a_503() {
         .unwrap();
     assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(answer.headers()["retry-after"], u64::MAX.to_string());
+}
+
+/// A handler whose body has a known length and trailers (`grpc-status`, a checksum): the
+/// layer reads the body whole to store it, and the first caller still gets the trailers.
+#[tokio::test]
+async fn the_first_caller_gets_the_trailers_of_a_body_of_known_length() {
+    let handler = tower::service_fn(|_: Request<Full<Bytes>>| async {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+        let body = Full::new(Bytes::from_static(b"data"))
+            .with_trailers(async move { Some(Ok::<_, Infallible>(trailers)) });
+        Ok::<_, Infallible>(Response::new(body))
+    });
+    let service = tower::ServiceBuilder::new()
+        .layer(IdempotencyLayer::new(MemoryStore::new()))
+        .service(handler);
+    let request = || {
+        Request::post("/")
+            .header("idempotency-key", "\"t\"")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    let first = service.clone().oneshot(request()).await.unwrap();
+    assert_eq!(outcome_of(&first), Some(Outcome::Executed));
+    let collected = first.into_body().collect().await.unwrap();
+    let trailers = collected.trailers().cloned();
+    assert_eq!(collected.to_bytes(), "data");
+    assert_eq!(
+        trailers.as_ref().and_then(|t| t.get("grpc-status")),
+        Some(&http::HeaderValue::from_static("0")),
+        "the trailers were dropped"
+    );
+    let replay = service.oneshot(request()).await.unwrap();
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(
+        replay.into_body().collect().await.unwrap().to_bytes(),
+        "data"
+    );
 }
