@@ -19,6 +19,12 @@ use idem_core::Fingerprint;
 /// The fingerprint of a request. Only the path and query of `uri` count (not its scheme or
 /// authority), so an absolute-form request line and an origin-form one match. Headers do not
 /// count: the scope (the `Authorization` header by default) separates principals instead.
+///
+/// The layer passes the URI as the client sent it. Behind axum's `Router::nest` a request's
+/// URI has lost the nest's prefix: with the `axum` feature the layer fingerprints axum's
+/// `OriginalUri` instead; without it, apply the layer to the outer router, or two nested
+/// routers sharing a store would take the same key on `POST /a/x` and `POST /b/x` for the
+/// same request (a replay of the other's response instead of 422).
 #[must_use]
 pub fn request_fingerprint(method: &Method, uri: &Uri, body: &[u8]) -> Fingerprint {
     let path_and_query = uri.path_and_query().map_or("/", |pq| pq.as_str());

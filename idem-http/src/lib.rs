@@ -41,7 +41,8 @@
 //! - Records are scoped by a hash of the `Authorization` header by default: one principal can
 //!   never read another's stored response.
 //! - The request is fingerprinted (SHA-256 of method, path and query, and the body bytes as
-//!   received; see [`fingerprint`]) before the handler runs. The same key with another
+//!   received; see [`fingerprint`]; behind axum's `Router::nest`, the path as sent with the
+//!   `axum` feature) before the handler runs. The same key with another
 //!   fingerprint is 422, also while the first request is in flight, and the record is untouched.
 //! - While the first request runs, a retry gets 409 with `Retry-After` (the seconds left on the
 //!   lease, at least 1), or waits for the result in bounded wait mode.

@@ -243,7 +243,7 @@ async fn process<S, ReqBody, ResBody>(
         // The caller went away before its request was claimed: nothing ran, nothing to settle.
         return;
     }
-    let fingerprint = request_fingerprint(&parts.method, &parts.uri, &bytes);
+    let fingerprint = request_fingerprint(&parts.method, fingerprinted_uri(&parts), &bytes);
     // The owner is chosen here, so that a claim whose answer is lost can be sent again to learn
     // whether it was granted ([`release_if_granted`]).
     let claim = ClaimRequest::new(key, fingerprint, config.lease).with_owner(OwnerToken::random());
@@ -321,6 +321,17 @@ async fn process<S, ReqBody, ResBody>(
         }
     };
     let _ = reply.send(answer);
+}
+
+/// The URI the fingerprint covers: the one the client sent. Behind axum's `Router::nest` the
+/// request's URI has lost the prefix (two nested routers would fingerprint `POST /` alike);
+/// axum keeps the URI as sent in `OriginalUri`.
+fn fingerprinted_uri(parts: &request::Parts) -> &http::Uri {
+    #[cfg(feature = "axum")]
+    if let Some(original) = parts.extensions.get::<axum::extract::OriginalUri>() {
+        return &original.0;
+    }
+    &parts.uri
 }
 
 /// A claim whose answer timed out may have been granted all the same: its record would then

@@ -118,3 +118,39 @@ async fn the_first_caller_gets_the_trailers_of_a_body_of_known_length() {
         "data"
     );
 }
+
+/// One layer (one store) on two routers nested under different prefixes: each sees `POST /`,
+/// but the key sent to both is two different requests. The second is 422, never a replay of
+/// the first's response.
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn nested_routers_sharing_a_layer_fingerprint_the_path_as_sent() {
+    let layer = IdempotencyLayer::new(MemoryStore::new());
+    let payments = Router::new()
+        .route("/", post(|| async { "payment" }))
+        .layer(layer.clone());
+    let refunds = Router::new()
+        .route("/", post(|| async { "refund" }))
+        .layer(layer);
+    let app = Router::new()
+        .nest("/payments", payments)
+        .nest("/refunds", refunds);
+    let first = app
+        .clone()
+        .oneshot(post_with_key("/payments", "\"n\"", ""))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let other = app
+        .clone()
+        .oneshot(post_with_key("/refunds", "\"n\"", ""))
+        .await
+        .unwrap();
+    assert_eq!(outcome_of(&other), Some(Outcome::Mismatch));
+    assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let retry = app
+        .oneshot(post_with_key("/payments", "\"n\"", ""))
+        .await
+        .unwrap();
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+}
