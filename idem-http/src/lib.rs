@@ -70,6 +70,9 @@
 //!
 //! The request body type must be buildable from [`bytes::Bytes`] (axum's `Body`,
 //! `http_body_util::Full<Bytes>`), since the layer reads the body before the handler runs.
+//! In plain hyper 1, whose `Incoming` is not, map the request body on the way in into a small
+//! enum of `Incoming` and `Full<Bytes>` (the crate's `tests/hyper.rs` shows one, served by
+//! hyper-util's `TowerToHyperService`).
 //! Metrics names are listed in [`metrics`].
 
 mod body;

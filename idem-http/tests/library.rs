@@ -1,8 +1,13 @@
-//! The layer used as a library, through tower calls (no network).
+//! The layer used as a library, through tower calls (no network): axum's `Router::layer`,
+//! `route_layer` and nested routers, a plain `service_fn`, extreme settings, response trailers,
+//! a storm of one key, a heartbeat that keeps a short lease, a streamed response over the
+//! storage cap, and the axum extractor without the layer.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::convert::Infallible;
-use std::sync::atomic::Ordering;
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -153,4 +158,191 @@ async fn nested_routers_sharing_a_layer_fingerprint_the_path_as_sent() {
         .await
         .unwrap();
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
+}
+
+/// `route_layer`: the layer covers the routes, an unknown path is still 404.
+#[tokio::test]
+async fn route_layer_covers_the_routes() {
+    let app = Router::new()
+        .route("/run", post(|| async { "ok" }))
+        .route_layer(IdempotencyLayer::new(MemoryStore::new()));
+    let first = app
+        .clone()
+        .oneshot(post_with_key("/run", "\"r\"", ""))
+        .await
+        .unwrap();
+    assert_eq!(outcome_of(&first), Some(Outcome::Executed));
+    let replay = app
+        .clone()
+        .oneshot(post_with_key("/run", "\"r\"", ""))
+        .await
+        .unwrap();
+    assert_eq!(outcome_of(&replay), Some(Outcome::Replayed));
+    let missing = app
+        .oneshot(post_with_key("/nowhere", "\"r\"", ""))
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+}
+
+/// A counting handler that takes `delay` to answer.
+fn counting_app(counter: &Arc<AtomicU64>, delay: Duration, config: Config) -> Router {
+    let counter = counter.clone();
+    Router::new()
+        .route(
+            "/run",
+            post(move || async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(delay).await;
+                "ok"
+            }),
+        )
+        .layer(IdempotencyLayer::with_config(MemoryStore::new(), config))
+}
+
+/// 200 concurrent requests with one key: one execution; every other answer a 409 or a replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_of_one_key_runs_the_handler_once() {
+    let counter = Arc::new(AtomicU64::new(0));
+    let app = counting_app(&counter, Duration::from_millis(50), Config::default());
+    let storm: Vec<_> = (0..200)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let answer = app
+                    .oneshot(post_with_key("/run", "\"storm\"", "x"))
+                    .await
+                    .unwrap();
+                (answer.status(), outcome_of(&answer))
+            })
+        })
+        .collect();
+    let mut executed = 0;
+    for request in storm {
+        match request.await.unwrap() {
+            (StatusCode::OK, Some(Outcome::Executed)) => executed += 1,
+            (StatusCode::OK, Some(Outcome::Replayed))
+            | (StatusCode::CONFLICT, Some(Outcome::Conflict)) => {}
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    assert_eq!(executed, 1);
+    assert_eq!(counter.load(Ordering::SeqCst), 1);
+}
+
+/// A handler that runs for four leases keeps its claim by heartbeat: a duplicate meanwhile is
+/// 409, never a takeover and a second execution.
+#[tokio::test]
+async fn the_heartbeat_keeps_a_long_handlers_lease() {
+    let counter = Arc::new(AtomicU64::new(0));
+    let config = Config::builder()
+        .lease(Duration::from_millis(200))
+        .heartbeat(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let app = counting_app(&counter, Duration::from_millis(800), config);
+    let first = tokio::spawn(app.clone().oneshot(post_with_key("/run", "\"long\"", "")));
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let duplicate = app
+            .clone()
+            .oneshot(post_with_key("/run", "\"long\"", ""))
+            .await
+            .unwrap();
+        assert_eq!(duplicate.status(), StatusCode::CONFLICT);
+    }
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+    assert_eq!(counter.load(Ordering::SeqCst), 1);
+}
+
+/// 100 frames of 1000 bytes, of unknown length.
+struct Frames(u32);
+
+impl http_body::Body for Frames {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        if self.0 == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        self.0 -= 1;
+        let frame = Bytes::from(format!("{:0>1000}", self.0));
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(frame))))
+    }
+}
+
+/// A streamed response over the storage cap: the first caller gets all of it, a retry gets
+/// the status and headers with `Idempotency-Replay: omitted`, and the handler ran once.
+#[tokio::test]
+async fn a_streamed_response_over_the_cap_is_delivered_whole_and_replayed_omitted() {
+    let counter = Arc::new(AtomicU64::new(0));
+    let runs = counter.clone();
+    let config = Config::builder()
+        .storage_cap(NonZeroUsize::new(64).unwrap())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/big",
+            post(move || async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                (
+                    StatusCode::CREATED,
+                    [("x-kind", "big")],
+                    Body::new(Frames(100)),
+                )
+            }),
+        )
+        .layer(IdempotencyLayer::with_config(MemoryStore::new(), config));
+    let first = app
+        .clone()
+        .oneshot(post_with_key("/big", "\"big\"", ""))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let body = first.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body.len(), 100_000);
+    let replay = app
+        .oneshot(post_with_key("/big", "\"big\"", ""))
+        .await
+        .unwrap();
+    assert_eq!(replay.status(), StatusCode::CREATED);
+    assert_eq!(replay.headers()["idempotency-replay"], "omitted");
+    assert_eq!(replay.headers()["x-kind"], "big");
+    assert!(
+        replay
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .is_empty()
+    );
+    assert_eq!(counter.load(Ordering::SeqCst), 1);
+}
+
+/// The extractor on a route that is not behind the layer: a clean 500 naming the cause.
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn the_extractor_without_the_layer_is_a_clean_500() {
+    let app = Router::new().route(
+        "/run",
+        post(|ctx: idem_http::IdempotencyContext| async move { ctx.key().to_string() }),
+    );
+    let answer = app
+        .oneshot(post_with_key("/run", "\"k\"", ""))
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let body = answer.into_body().collect().await.unwrap().to_bytes();
+    assert!(
+        std::str::from_utf8(&body)
+            .unwrap()
+            .contains("IdempotencyLayer"),
+        "{body:?}"
+    );
 }

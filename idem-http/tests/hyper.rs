@@ -1,0 +1,131 @@
+//! The layer in plain hyper 1: a `service_fn` served by `hyper::server::conn::http1` through
+//! hyper-util's `TowerToHyperService`, called over 127.0.0.1:0 with a real client.
+//!
+//! hyper's `Incoming` cannot be built from bytes, and the layer hands the handler the body it
+//! read as a `ReqBody::from(bytes)`: the request body is mapped, on the way in, into a type that
+//! can be either (`Either` below, a few lines).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::{Body, Frame};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
+use idem_http::{IdempotencyLayer, Outcome};
+use idem_store_memory::MemoryStore;
+use tower::ServiceBuilder;
+
+/// The request body as hyper gives it, or as the layer gives it back.
+enum Either {
+    Incoming(Incoming),
+    Read(Full<Bytes>),
+}
+
+impl From<Bytes> for Either {
+    fn from(bytes: Bytes) -> Self {
+        Either::Read(Full::new(bytes))
+    }
+}
+
+impl Body for Either {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            Either::Incoming(body) => Pin::new(body).poll_frame(cx),
+            Either::Read(body) => Pin::new(body)
+                .poll_frame(cx)
+                .map_err(|never: Infallible| match never {}),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            Either::Incoming(body) => body.size_hint(),
+            Either::Read(body) => body.size_hint(),
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_layer_serves_a_plain_hyper_service_fn() {
+    let counter = Arc::new(AtomicU64::new(0));
+    let runs = counter.clone();
+    let handler = tower::service_fn(move |request: Request<Either>| {
+        let runs = runs.clone();
+        async move {
+            let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            let body = request.into_body().collect().await?.to_bytes();
+            let mut response = Response::new(Full::new(Bytes::from(format!("{n}:{body:?}"))));
+            *response.status_mut() = StatusCode::CREATED;
+            Ok::<_, hyper::Error>(response)
+        }
+    });
+    let service = ServiceBuilder::new()
+        .map_request(|request: Request<Incoming>| request.map(Either::Incoming))
+        .map_response(|response: Response<_>| {
+            let outcome = response.extensions().get::<Outcome>().copied();
+            let mut response = response;
+            let value = outcome.map_or("none", Outcome::as_str);
+            response
+                .headers_mut()
+                .insert("x-outcome", http::HeaderValue::from_static(value));
+            response
+        })
+        .layer(IdempotencyLayer::new(MemoryStore::new()))
+        .service(handler);
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let service = TowerToHyperService::new(service.clone());
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let send = |key: &str, body: &'static str| {
+        let request = Request::post(format!("http://{addr}/pay"))
+            .header("idempotency-key", key)
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap();
+        let client = client.clone();
+        async move {
+            let response = client.request(request).await.unwrap();
+            let (parts, body) = response.into_parts();
+            (parts, body.collect().await.unwrap().to_bytes())
+        }
+    };
+    let (first, first_body) = send("\"h\"", "10 EUR").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(first.headers["x-outcome"], "executed");
+    assert_eq!(first_body, r#"1:b"10 EUR""#);
+    let (replay, replay_body) = send("\"h\"", "10 EUR").await;
+    assert_eq!(replay.headers["x-outcome"], "replayed");
+    assert_eq!(replay.headers["idempotent-replayed"], "true");
+    assert_eq!(replay_body, first_body);
+    let (other, _) = send("\"h\"", "99 EUR").await;
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(other.headers["content-type"], "application/problem+json");
+    assert_eq!(counter.load(Ordering::SeqCst), 1);
+    server.abort();
+}
