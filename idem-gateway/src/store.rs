@@ -87,6 +87,36 @@ async fn open_as(config: &StoreConfig, opening: Opening) -> Result<Arc<dyn Store
     }
 }
 
+/// Which store setting the store's own client refuses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SettingError {
+    /// The URL (`[store] url`, `--store`, `IDEM_STORE`): the client cannot use it.
+    Url(String),
+    /// The namespace (`[store] namespace`): the store does not take it (a PostgreSQL schema is
+    /// 1 to 63 of `a-z`, `0-9`, `_`, not starting with a digit).
+    Namespace(String),
+}
+
+/// Checks the store's settings the way opening it does, without connecting: what
+/// `idem serve` would refuse, `idem check-config` refuses too. A store this build does not
+/// include is not checked here (opening it says so).
+///
+/// # Errors
+/// [`SettingError`] naming the setting the store's client refuses, with its reason.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "redis")),
+    allow(unused_variables, clippy::unnecessary_wraps)
+)]
+pub fn check_settings(spec: &StoreSpec, namespace: &str) -> Result<(), SettingError> {
+    match spec {
+        #[cfg(feature = "redis")]
+        StoreSpec::Redis(url) => redis::check(url, namespace),
+        #[cfg(feature = "postgres")]
+        StoreSpec::Postgres(url) => postgres::check(url, namespace),
+        _ => Ok(()),
+    }
+}
+
 /// What `idem store migrate` or `idem store sweep` did, in one line.
 ///
 /// # Errors
@@ -168,17 +198,33 @@ pub async fn maintain(config: &StoreConfig, migrate: bool) -> Result<String, Fai
 
 #[cfg(feature = "redis")]
 mod redis {
-    use idem_store_redis::RedisConfig;
+    use idem_store_redis::{ConfigError as RedisError, RedisConfig};
 
+    use super::SettingError;
     use crate::commands::Failure;
     use crate::config::ConfigError;
 
     /// The store's settings: one server, or a Cluster for `redis+cluster://h1:p1,h2:p2`.
     pub(super) fn settings(url: &str, namespace: &str) -> Result<RedisConfig, Failure> {
-        let refused = |err: idem_store_redis::ConfigError| {
-            Failure::Config(ConfigError::new(Some("store".to_owned()), err.to_string()))
-        };
-        let config = match url.split_once("+cluster://") {
+        nodes(url)
+            .and_then(|config| config.with_namespace(namespace))
+            .map_err(|err| {
+                Failure::Config(ConfigError::new(Some("store".to_owned()), err.to_string()))
+            })
+    }
+
+    /// [`settings`] checked without connecting, telling the URL's errors from the namespace's.
+    pub(super) fn check(url: &str, namespace: &str) -> Result<(), SettingError> {
+        let config = nodes(url).map_err(|err| SettingError::Url(err.to_string()))?;
+        config
+            .with_namespace(namespace)
+            .map(drop)
+            .map_err(|err| SettingError::Namespace(err.to_string()))
+    }
+
+    /// The server or the Cluster's seeds the URL names.
+    fn nodes(url: &str) -> Result<RedisConfig, RedisError> {
+        match url.split_once("+cluster://") {
             Some((scheme, nodes)) => {
                 let (authority, rest) = nodes.split_at(nodes.find('/').unwrap_or(nodes.len()));
                 let (userinfo, hosts) = match authority.rsplit_once('@') {
@@ -188,11 +234,10 @@ mod redis {
                 let seeds = hosts
                     .split(',')
                     .map(|host| format!("{scheme}://{userinfo}{host}{rest}"));
-                RedisConfig::cluster(seeds).map_err(refused)?
+                RedisConfig::cluster(seeds)
             }
-            None => RedisConfig::new(url).map_err(refused)?,
-        };
-        config.with_namespace(namespace).map_err(refused)
+            None => RedisConfig::new(url),
+        }
     }
 }
 
@@ -212,6 +257,16 @@ mod postgres {
             .map_err(refused)?
             .with_schema(namespace)
             .map_err(refused)
+    }
+
+    /// [`settings`] checked without connecting, telling the URL's errors from the namespace's.
+    pub(super) fn check(url: &str, namespace: &str) -> Result<(), super::SettingError> {
+        let config =
+            PostgresConfig::new(url).map_err(|err| super::SettingError::Url(err.to_string()))?;
+        config
+            .with_schema(namespace)
+            .map(drop)
+            .map_err(|err| super::SettingError::Namespace(err.to_string()))
     }
 }
 

@@ -357,3 +357,46 @@ fn admin_address_in_use_is_one_line_and_exit_1() {
         assert_one_line_exit(&output, 1, &["cannot listen on", &admin, "admin"]);
     }
 }
+
+/// What the PostgreSQL store refuses before connecting, check-config refuses too: a namespace
+/// that is no schema name, and a URL its client cannot parse (both accepted by `serve`'s own
+/// parsers, then refused when it opened the store).
+#[cfg(feature = "postgres")]
+#[test]
+fn check_config_refuses_what_the_postgres_store_refuses() {
+    let bad = file(
+        "pg-namespace.toml",
+        "[upstream]\nurl = \"http://127.0.0.1:3000\"\n[store]\nurl = \"postgres://u@127.0.0.1/db\"\nnamespace = \"my-app\"\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&bad)]),
+        &["pg-namespace.toml:5:13", "invalid schema name \"my-app\""],
+    );
+    let ok = file(
+        "pg-ok.toml",
+        "[upstream]\nurl = \"http://127.0.0.1:3000\"\n",
+    );
+    assert_one_line_error(
+        &idem(&[
+            "check-config",
+            path(&ok),
+            "--store",
+            "postgres://u@127.0.0.1/db?no_such_option=1",
+        ]),
+        &["--store", "invalid PostgreSQL URL"],
+    );
+}
+
+/// The same for the Redis store: a URL its client refuses (a database that is not a number).
+#[cfg(feature = "redis")]
+#[test]
+fn check_config_refuses_what_the_redis_store_refuses() {
+    let bad = file(
+        "redis-db.toml",
+        "[upstream]\nurl = \"http://127.0.0.1:3000\"\n[store]\nurl = \"redis://127.0.0.1:6379/x\"\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&bad)]),
+        &["redis-db.toml:4:7", "invalid Redis URL", "database"],
+    );
+}

@@ -12,6 +12,7 @@ use toml::Spanned;
 use super::ConfigError;
 use super::toml::{FileConfig, KeyMode, LogFormat, OnStoreError, RouteSection};
 use super::value::{ByteSize, HumanDuration, PathPattern, ScopeSpec, StoreSpec, UpstreamUrl};
+use crate::store::SettingError;
 
 /// The defaults, in one place (the example config repeats them).
 pub mod defaults {
@@ -675,8 +676,31 @@ impl Config {
             let at = store.memory_max_bytes.as_ref().map(|v| v.span().start);
             return Err(origin.error_at(at, "memory_max_bytes must be at least 1MiB"));
         }
+        // The store's own client checks its URL and namespace here, without connecting, so
+        // that `check-config` refuses what `serve` would.
+        let spec_at = match (&store_spec, &store.url) {
+            (Some(_), _) => None,
+            (None, url) => url.as_ref().map(|url| url.span().start),
+        };
+        let spec = store_spec
+            .or(store.url.map(Spanned::into_inner))
+            .unwrap_or(StoreSpec::Memory);
+        if let Err(err) = crate::store::check_settings(&spec, &namespace) {
+            return Err(match err {
+                SettingError::Url(message) => match spec_at {
+                    Some(at) => origin.error_at(Some(at), message),
+                    None if overrides.store.is_some() => {
+                        ConfigError::new(Some("--store".to_owned()), message)
+                    }
+                    None => origin.error_at(None, message),
+                },
+                SettingError::Namespace(message) => {
+                    origin.error_at(store.namespace.as_ref().map(|ns| ns.span().start), message)
+                }
+            });
+        }
         let store = StoreConfig {
-            spec: store_spec.or(store.url).unwrap_or(StoreSpec::Memory),
+            spec,
             namespace,
             memory_capacity,
             memory_max_bytes,

@@ -70,7 +70,7 @@ pub struct UpstreamSection {
 #[serde(deny_unknown_fields)]
 pub struct StoreSection {
     /// `memory`, `redis://...`, `postgres://...` or `redb:PATH`.
-    pub url: Option<StoreSpec>,
+    pub url: Option<Spanned<StoreSpec>>,
     /// A prefix that separates this gateway's records from others' in a shared store.
     pub namespace: Option<Spanned<String>>,
     /// The memory store's most records.
