@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use crate::admin::client::AdminClient;
 use crate::admin::{Admin, RenderMetrics};
 use crate::cli::{Cli, Command, KeysCommand, StoreCommand};
+use crate::config::toml::OnStoreError;
 use crate::config::{self, Config, ConfigError, StoreSpec};
 use crate::gateway::{Gateway, check_routes};
 use crate::proxy::Tracker;
@@ -534,6 +535,14 @@ pub fn summary(config: &Config) -> Value {
                 "request_body_limit": s.request_body_limit.get(),
                 "storage_cap": s.storage_cap.get(),
                 "store_server_errors": s.store_server_errors,
+                "on_store_error": match s.on_store_error {
+                    OnStoreError::FailClosed => "fail_closed",
+                    OnStoreError::FailOpen => "fail_open",
+                },
+                "strict_keys": s.strict_keys,
+                "allow_headers": s.allow_headers.iter().map(|h| h.as_str()).collect::<Vec<_>>(),
+                "deny_headers": s.deny_headers.iter().map(|h| h.as_str()).collect::<Vec<_>>(),
+                "log_keys": s.log_keys,
             })
         })
         .collect();

@@ -400,3 +400,35 @@ fn check_config_refuses_what_the_redis_store_refuses() {
         &["redis-db.toml:4:7", "invalid Redis URL", "database"],
     );
 }
+
+/// `check-config --json` shows every resolved setting of a route, the store-failure mode,
+/// key syntax, header lists and key logging included.
+#[test]
+fn check_config_json_shows_every_route_setting() {
+    let routes = file(
+        "routes-json.toml",
+        "[upstream]\nurl = \"http://127.0.0.1:3000\"\n[idempotency]\nlog_keys = false\n\
+         [[route]]\npath = \"/p\"\non_store_error = \"fail_open\"\nstrict_keys = true\n\
+         allow_headers = [\"set-cookie\"]\ndeny_headers = [\"etag\"]\n",
+    );
+    let output = idem(&["check-config", "--json", path(&routes)]);
+    assert!(output.status.success(), "{output:?}");
+    let value: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let route = &value["routes"][0];
+    assert_eq!(route["on_store_error"], "fail_open", "{value}");
+    assert_eq!(route["strict_keys"], true, "{value}");
+    assert_eq!(
+        route["allow_headers"],
+        serde_json::json!(["set-cookie"]),
+        "{value}"
+    );
+    assert_eq!(
+        route["deny_headers"],
+        serde_json::json!(["etag"]),
+        "{value}"
+    );
+    assert_eq!(route["log_keys"], false, "{value}");
+    let default = &value["routes"][1];
+    assert_eq!(default["on_store_error"], "fail_closed", "{value}");
+    assert_eq!(default["strict_keys"], false, "{value}");
+}
