@@ -432,3 +432,35 @@ fn check_config_json_shows_every_route_setting() {
     assert_eq!(default["on_store_error"], "fail_closed", "{value}");
     assert_eq!(default["strict_keys"], false, "{value}");
 }
+
+/// A bad value from an environment variable is named by it too, not by a flag the user never
+/// passed.
+#[test]
+fn a_bad_environment_variable_is_named() {
+    let ok = file(
+        "env-ok.toml",
+        "[upstream]\nurl = \"http://127.0.0.1:3000\"\n",
+    );
+    for (variable, value) in [
+        ("IDEM_RETENTION", "3 fortnights"),
+        ("IDEM_LEASE", "0s"),
+        ("IDEM_STORE", "mysql://h/db"),
+        ("IDEM_LISTEN", "nowhere"),
+        ("IDEM_UPSTREAM", "ftp://h"),
+        ("IDEM_ADMIN_LISTEN", "nowhere"),
+        ("IDEM_ADMIN_TOKEN", "two words"),
+    ] {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_idem"));
+        for (name, _) in std::env::vars() {
+            if name.starts_with("IDEM_") {
+                command.env_remove(name);
+            }
+        }
+        let output = command
+            .args(["check-config", path(&ok)])
+            .env(variable, value)
+            .output()
+            .unwrap();
+        assert_one_line_error(&output, &[variable]);
+    }
+}

@@ -292,7 +292,15 @@ impl Origin {
     }
 }
 
-/// An override parsed with the file's parser; a bad value names the flag.
+/// How errors name an override: the flag and its environment variable, since either may
+/// have set it.
+const STORE_FLAG: &str = "--store (or IDEM_STORE)";
+/// See [`STORE_FLAG`].
+const LEASE_FLAG: &str = "--lease (or IDEM_LEASE)";
+/// See [`STORE_FLAG`].
+const RETENTION_FLAG: &str = "--retention (or IDEM_RETENTION)";
+
+/// An override parsed with the file's parser; a bad value names the flag and its variable.
 fn flag<T: std::str::FromStr<Err = String>>(
     value: Option<&String>,
     flag: &str,
@@ -541,14 +549,18 @@ impl Config {
         origin: &Origin,
     ) -> Result<Config, ConfigError> {
         // Overrides first: a bad flag is reported even when the file is fine.
-        let listen = socket_addr(overrides.listen.as_ref(), "--listen")?;
-        let upstream_url = flag::<UpstreamUrl>(overrides.upstream.as_ref(), "--upstream")?;
-        let store_spec = flag::<StoreSpec>(overrides.store.as_ref(), "--store")?;
+        let listen = socket_addr(overrides.listen.as_ref(), "--listen (or IDEM_LISTEN)")?;
+        let upstream_url =
+            flag::<UpstreamUrl>(overrides.upstream.as_ref(), "--upstream (or IDEM_UPSTREAM)")?;
+        let store_spec = flag::<StoreSpec>(overrides.store.as_ref(), STORE_FLAG)?;
         let retention =
-            flag::<HumanDuration>(overrides.retention.as_ref(), "--retention")?.map(|d| d.0);
-        let lease = flag::<HumanDuration>(overrides.lease.as_ref(), "--lease")?.map(|d| d.0);
-        let admin_listen = socket_addr(overrides.admin_listen.as_ref(), "--admin-listen")?;
-        for (value, name) in [(lease, "--lease"), (retention, "--retention")] {
+            flag::<HumanDuration>(overrides.retention.as_ref(), RETENTION_FLAG)?.map(|d| d.0);
+        let lease = flag::<HumanDuration>(overrides.lease.as_ref(), LEASE_FLAG)?.map(|d| d.0);
+        let admin_listen = socket_addr(
+            overrides.admin_listen.as_ref(),
+            "--admin-listen (or IDEM_ADMIN_LISTEN)",
+        )?;
+        for (value, name) in [(lease, LEASE_FLAG), (retention, RETENTION_FLAG)] {
             if value.is_some_and(|d| d.is_zero()) {
                 return Err(ConfigError::new(
                     Some(name.to_owned()),
@@ -690,7 +702,7 @@ impl Config {
                 SettingError::Url(message) => match spec_at {
                     Some(at) => origin.error_at(Some(at), message),
                     None if overrides.store.is_some() => {
-                        ConfigError::new(Some("--store".to_owned()), message)
+                        ConfigError::new(Some(STORE_FLAG.to_owned()), message)
                     }
                     None => origin.error_at(None, message),
                 },
@@ -707,7 +719,7 @@ impl Config {
         };
 
         let token = match (&overrides.admin_token, &admin.token) {
-            (Some(token), _) => Some((token.clone(), None, "--admin-token")),
+            (Some(token), _) => Some((token.clone(), None, "--admin-token (or IDEM_ADMIN_TOKEN)")),
             (None, Some(spanned)) => Some((
                 spanned.get_ref().clone(),
                 Some(spanned.span().start),
@@ -718,8 +730,7 @@ impl Config {
         let token = match token {
             Some((token, at, name)) => {
                 if token.is_empty() || !token.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
-                    let message =
-                        format!("the admin {name} must be printable ASCII without spaces");
+                    let message = "the admin token must be printable ASCII without spaces";
                     return Err(match at {
                         Some(at) => origin.error_at(Some(at), message),
                         None => ConfigError::new(Some(name.to_owned()), message),
