@@ -1,6 +1,6 @@
 //! The test kit of idem: the store conformance suite, the concurrency hammer, the model-based
-//! property test, the service probes, and a store with switchable faults ([`faulty`]) for the
-//! tests of what sits on top of a store. Every store crate runs the same suite from its own
+//! property test, the service probes, a store with switchable faults ([`faulty`]) for the
+//! tests of what sits on top of a store, and a metrics recorder that counts ([`recorder`]). Every store crate runs the same suite from its own
 //! `tests/`:
 //!
 //! ```ignore
@@ -20,6 +20,7 @@ pub mod faulty;
 pub mod hammer;
 pub mod model;
 pub mod probe;
+pub mod recorder;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,83 +3,15 @@
 //! PostgreSQL server (`IDEM_TEST_POSTGRES_URL`), on a schema of its own.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use idem_core::{Fingerprint, IdempotencyKey};
 use idem_store_postgres::deadpool_postgres::Transaction;
 use idem_store_postgres::{PostgresConfig, PostgresStore};
 use idem_testkit::probe::{require_tcp, service_url};
+use idem_testkit::recorder::CountingRecorder;
 use idem_worker::{JobContext, JobError, JobGuard, Outcome};
 use idem_worker_postgres::PgJobGuard;
-use metrics::{
-    Counter, CounterFn, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
-    SharedString, Unit,
-};
-
-/// Counts counter increments and histogram records by metric name and labels.
-#[derive(Default)]
-struct Counting {
-    cells: Mutex<BTreeMap<String, Arc<Cell>>>,
-}
-
-struct Cell(AtomicU64);
-
-impl CounterFn for Cell {
-    fn increment(&self, value: u64) {
-        self.0.fetch_add(value, Ordering::SeqCst);
-    }
-    fn absolute(&self, value: u64) {
-        self.0.store(value, Ordering::SeqCst);
-    }
-}
-
-impl HistogramFn for Cell {
-    fn record(&self, _: f64) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-impl Counting {
-    fn cell(&self, key: &Key) -> Arc<Cell> {
-        let mut labels: Vec<String> = key
-            .labels()
-            .map(|l| format!("{}={}", l.key(), l.value()))
-            .collect();
-        labels.sort();
-        let name = format!("{}{{{}}}", key.name(), labels.join(","));
-        self.cells
-            .lock()
-            .unwrap()
-            .entry(name)
-            .or_insert_with(|| Arc::new(Cell(AtomicU64::new(0))))
-            .clone()
-    }
-
-    fn get(&self, name: &str) -> u64 {
-        self.cells
-            .lock()
-            .unwrap()
-            .get(name)
-            .map_or(0, |c| c.0.load(Ordering::SeqCst))
-    }
-}
-
-impl Recorder for Counting {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        Counter::from_arc(self.cell(key))
-    }
-    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::noop()
-    }
-    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
-        Histogram::from_arc(self.cell(key))
-    }
-}
 
 #[tokio::test(flavor = "current_thread")]
 async fn job_duration_and_store_operations_are_measured() {
@@ -106,7 +38,7 @@ async fn job_duration_and_store_operations_are_measured() {
     .await
     .unwrap();
 
-    let recorder = Counting::default();
+    let recorder = CountingRecorder::default();
     let _local = metrics::set_default_local_recorder(&recorder);
     let guard = JobGuard::builder(Arc::new(store.clone()))
         .job_type("credit")
