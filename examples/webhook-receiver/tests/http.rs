@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
-use webhook_receiver::{Config, app, processor};
+use webhook_receiver::{Config, Processor, app, processor};
 
 /// A receiver whose processor waits for a permit of `gate` per event and counts executions.
 struct Receiver {
@@ -22,6 +22,29 @@ struct Receiver {
     gate: Arc<Semaphore>,
     started: Arc<AtomicU32>,
     executed: Arc<AtomicU32>,
+}
+
+impl Receiver {
+    /// Serves the receiver's app on a free port of 127.0.0.1.
+    async fn serve(
+        guard: JobGuard,
+        config: Config,
+        process: Processor,
+        gate: Arc<Semaphore>,
+        started: Arc<AtomicU32>,
+        executed: Arc<AtomicU32>,
+    ) -> Receiver {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = app(guard, config, process);
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        Receiver {
+            addr,
+            gate,
+            started,
+            executed,
+        }
+    }
 }
 
 async fn start(config: Config) -> Receiver {
@@ -44,16 +67,7 @@ async fn start(config: Config) -> Receiver {
             }
         }
     });
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let router = app(guard, config, process);
-    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-    Receiver {
-        addr,
-        gate,
-        started,
-        executed,
-    }
+    Receiver::serve(guard, config, process, gate, started, executed).await
 }
 
 struct Reply {
@@ -277,16 +291,7 @@ async fn start_flaky(config: Config, backoff: Duration) -> Receiver {
             }
         }
     });
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let router = app(guard, config, process);
-    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-    Receiver {
-        addr,
-        gate,
-        started,
-        executed,
-    }
+    Receiver::serve(guard, config, process, gate, started, executed).await
 }
 
 #[tokio::test]
