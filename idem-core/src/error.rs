@@ -157,6 +157,35 @@ impl StoreError {
             source: source.into(),
         }
     }
+
+    /// This error as a log line shows it: with `redact`, a [`StoreError::Corrupt`] without the
+    /// record's key (for logs that redact keys: the line's own, redacted, key field names the
+    /// record); otherwise, and for every other error, as its `Display`.
+    #[must_use]
+    pub fn redacted(&self, redact: bool) -> RedactedError<'_> {
+        RedactedError {
+            error: self,
+            redact,
+        }
+    }
+}
+
+/// A [`StoreError`] as a log line shows it: see [`StoreError::redacted`].
+#[derive(Debug)]
+pub struct RedactedError<'a> {
+    error: &'a StoreError,
+    redact: bool,
+}
+
+impl fmt::Display for RedactedError<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.error {
+            StoreError::Corrupt { reason, .. } if self.redact => {
+                write!(f, "corrupt record (key redacted): {reason}")
+            }
+            error => error.fmt(f),
+        }
+    }
 }
 
 impl From<Rejection> for StoreError {
@@ -176,5 +205,19 @@ mod tests {
         let err = StoreError::unavailable(std::io::Error::other("refused"));
         assert!(err.source().is_some());
         assert_eq!(err.kind(), "unavailable");
+    }
+
+    #[test]
+    fn a_redacted_corrupt_error_leaves_out_its_key() {
+        let key = RecordKey::unscoped(crate::IdempotencyKey::new("card-4242").unwrap());
+        let err = StoreError::corrupt(&key, "no state");
+        assert_eq!(err.to_string(), "corrupt record at card-4242: no state");
+        assert_eq!(err.redacted(false).to_string(), err.to_string());
+        assert_eq!(
+            err.redacted(true).to_string(),
+            "corrupt record (key redacted): no state"
+        );
+        let down = StoreError::unavailable("refused");
+        assert_eq!(down.redacted(true).to_string(), down.to_string());
     }
 }

@@ -53,7 +53,7 @@ mod store;
 mod time;
 mod token;
 
-pub use error::{BoxError, Rejection, StoreError};
+pub use error::{BoxError, RedactedError, Rejection, StoreError};
 pub use fingerprint::{Fingerprint, FingerprintBuilder, ParseFingerprintError};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN, RecordKey, Scope};
 pub use record::{Failure, ParseStateError, Record, State};

@@ -524,7 +524,8 @@ impl ConfigBuilder {
         self
     }
 
-    /// Whether logs carry the key as sent (default) or only a digest of scope and key.
+    /// Whether logs carry the key as sent (default) or only a digest of scope and key. Off, a
+    /// store error that names its record (a corrupt one) is logged without the key too.
     pub fn log_keys(mut self, log: bool) -> Self {
         self.config.log_keys = log;
         self

@@ -304,7 +304,7 @@ async fn process<S, ReqBody, ResBody>(
             Err(error) => {
                 tracing::warn!(
                     idempotency_key = %log_key(config, &claim.key),
-                    error = %error,
+                    error = %error.redacted(!config.log_keys),
                     "idempotency store failed on claim"
                 );
                 if matches!(error, StoreError::Timeout { .. }) {
@@ -610,7 +610,7 @@ impl Claim {
         if let Err(error) = released {
             tracing::warn!(
                 idempotency_key = %log_key(config, &self.lease.key),
-                error = %error,
+                error = %error.redacted(!config.log_keys),
                 "releasing the claim failed: the key stays blocked until its lease ends"
             );
         }
@@ -672,7 +672,7 @@ impl Claim {
                 tracing::warn!(
                     idempotency_key = %log_key(config, &self.lease.key),
                     fence = self.lease.fence.get(),
-                    error = %error,
+                    error = %error.redacted(!config.log_keys),
                     "storing the response failed; retrying until the lease ends"
                 );
                 return Some(encoded);
@@ -680,7 +680,7 @@ impl Claim {
             Err(error) => tracing::warn!(
                 idempotency_key = %log_key(config, &self.lease.key),
                 fence = self.lease.fence.get(),
-                error = %error,
+                error = %error.redacted(!config.log_keys),
                 "storing the response failed: a retry after the lease may run the handler again"
             ),
         }
@@ -720,7 +720,7 @@ impl Claim {
                     tracing::warn!(
                         idempotency_key = %log_key(config, &self.lease.key),
                         fence = self.lease.fence.get(),
-                        error = %error,
+                        error = %error.redacted(!config.log_keys),
                         "storing the response failed: a retry after the lease may run the handler again"
                     );
                     return;
@@ -780,7 +780,7 @@ async fn heartbeat(shared: Arc<Shared>, lease: Lease) {
             }
             Err(error) => tracing::warn!(
                 idempotency_key = %log_key(config, &lease.key),
-                error = %error,
+                error = %error.redacted(!config.log_keys),
                 "heartbeat failed; retrying at the next beat"
             ),
         }

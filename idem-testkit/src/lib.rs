@@ -1,6 +1,7 @@
 //! The test kit of idem: the store conformance suite, the concurrency hammer, the model-based
 //! property test, the service probes, a store with switchable faults ([`faulty`]) for the
-//! tests of what sits on top of a store, and a metrics recorder that counts ([`recorder`]). Every store crate runs the same suite from its own
+//! tests of what sits on top of a store, a metrics recorder that counts ([`recorder`]), and a capture
+//! of log lines ([`logs`]). Every store crate runs the same suite from its own
 //! `tests/`:
 //!
 //! ```ignore
@@ -18,6 +19,7 @@
 pub mod conformance;
 pub mod faulty;
 pub mod hammer;
+pub mod logs;
 pub mod model;
 pub mod probe;
 pub mod recorder;

@@ -132,7 +132,8 @@ impl JobGuardBuilder {
         self
     }
 
-    /// Logs a digest of the key instead of the key (keys can hold personal data).
+    /// Logs a digest of the key instead of the key (keys can hold personal data); a store
+    /// error that names its record (a corrupt one) is logged without the key too.
     pub fn redact_keys(mut self, redact: bool) -> Self {
         self.redact_keys = redact;
         self
@@ -542,6 +543,7 @@ impl Inner {
         self.labels.job(outcome.kind(), disposition.as_str());
         match &outcome {
             Outcome::Error(error) => {
+                let error = logged(error, self.redact_keys);
                 tracing::warn!(parent: span, %error, %disposition, "job not settled");
             }
             Outcome::Failed(failure) => {
@@ -567,6 +569,7 @@ impl Inner {
             match self.labels.store_op(op, send()).await {
                 Err(error) if error.is_retryable() && tries < self.settle_tries => {
                     let pause = Duration::from_millis(20u64 << tries.min(8));
+                    let error = error.redacted(self.redact_keys);
                     tracing::debug!(%error, tries, "settle failed, trying again");
                     tokio::time::sleep(pause).await;
                 }
@@ -947,6 +950,7 @@ impl Drop for Held {
             );
             runtime.spawn(async move {
                 if let Err(error) = inner.settle("release", || inner.store.release(&lease)).await {
+                    let error = error.redacted(inner.redact_keys);
                     tracing::warn!(%error, fence = lease.fence.get(), "release of a dropped claim failed; the key lapses with its lease");
                 }
             });
@@ -988,7 +992,7 @@ async fn heartbeat(
                 };
                 let now = Instant::now();
                 if error.is_retryable() && now < ends {
-                    tracing::warn!(%error, "heartbeat failed; trying again");
+                    tracing::warn!(error = %error.redacted(inner.redact_keys), "heartbeat failed; trying again");
                     // Again after an interval, but no later than the lease's end: a store
                     // still unreachable then means the lease is lost, and the job learns it
                     // when the lease ends, not up to an interval later.
@@ -996,7 +1000,7 @@ async fn heartbeat(
                     continue;
                 }
                 inner.labels.count(m::LEASE_LOSSES);
-                tracing::warn!(%error, "lease lost: cancelling the job");
+                tracing::warn!(error = %error.redacted(inner.redact_keys), "lease lost: cancelling the job");
                 match loss.lock() {
                     Ok(mut loss) => *loss = Some(error),
                     Err(poisoned) => *poisoned.into_inner() = Some(error),
@@ -1005,6 +1009,21 @@ async fn heartbeat(
                 return;
             }
         }
+    }
+}
+
+/// `error` as the guard's log lines show it: with `redact`, a store error's message leaves out
+/// the record's key (see [`StoreError::redacted`]); the line's key field is redacted already.
+fn logged(error: &RunError, redact: bool) -> String {
+    match error {
+        RunError::Store { op, source } if redact => {
+            format!("store error during {op}: {}", source.redacted(true))
+        }
+        RunError::LeaseLost { fence, source } if redact => format!(
+            "the lease of fence {fence} was lost; the result was not recorded: {}",
+            source.redacted(true)
+        ),
+        other => other.to_string(),
     }
 }
 

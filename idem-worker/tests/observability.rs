@@ -68,3 +68,33 @@ async fn counters_carry_the_job_type() {
         1
     );
 }
+
+/// With `redact_keys(true)`, no log line shows the key as sent: the span's key field is a
+/// digest, and a store error that names its record (a corrupt one) leaves the key out.
+#[tokio::test(flavor = "current_thread")]
+async fn a_store_error_logged_with_keys_redacted_does_not_show_the_key() {
+    let (logs, _capturing) = idem_testkit::logs::CapturedLogs::start();
+    let store = idem_testkit::faulty::FaultyStore::new(MemoryStore::new());
+    store
+        .faults
+        .claim_corrupt
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let guard = JobGuard::builder(Arc::new(store))
+        .job_type("email")
+        .redact_keys(true)
+        .build()
+        .unwrap();
+    let key = IdempotencyKey::new("user-8812:welcome").unwrap();
+    let run = guard
+        .run(&key, Fingerprint::of(&[b"x"]), |_| async {
+            Ok::<_, JobError>(1u8)
+        })
+        .await;
+    assert!(
+        matches!(run.outcome, idem_worker::Outcome::Error(_)),
+        "{run:?}"
+    );
+    let text = logs.text();
+    assert!(text.contains("corrupt record (key redacted)"), "{text}");
+    assert!(!text.contains("user-8812"), "{text}");
+}
