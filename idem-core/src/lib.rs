@@ -58,7 +58,7 @@ pub use fingerprint::{Fingerprint, FingerprintBuilder, ParseFingerprintError};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN, RecordKey, Scope};
 pub use record::{Failure, ParseStateError, Record, State};
 pub use store::{ClaimOutcome, ClaimRequest, Lease, ScanPage, ScanQuery, Store, StoreStats};
-pub use time::{Clock, ManualClock, SystemClock, Timestamp, duration_micros};
+pub use time::{Clock, ManualClock, SystemClock, Timestamp, duration_micros, saturating_deadline};
 pub use token::{Fence, OwnerToken, ParseOwnerTokenError};
 
 /// Re-exported so stores and users name the same `Bytes`.

@@ -43,16 +43,12 @@ pub const STATUS_HEADER: &str = "idempotency-status";
 const CAPTURE_FACTOR: usize = 16;
 /// Frames buffered between the handler's task and a slow client.
 const STREAM_FRAMES: usize = 16;
-/// The end of a deadline too far away for the clock: about 30 years.
-const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 86_400);
-
-/// The instant `by` from now, saturated: a lease, heartbeat or wait as long as `Duration::MAX`
-/// means "no end in sight", never an `Instant` overflow (a panic).
+/// The instant `by` from now, saturated ([`idem_core::saturating_deadline`]).
 fn after(by: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(by)
-        .or_else(|| now.checked_add(FAR_FUTURE))
-        .unwrap_or(now)
+    Instant::from_std(idem_core::saturating_deadline(
+        Instant::now().into_std(),
+        by,
+    ))
 }
 
 /// The middleware of [`crate::IdempotencyLayer`]: wraps the service `S`.

@@ -1030,10 +1030,7 @@ fn logged(error: &RunError, redact: bool) -> String {
 /// When a lease of `lease` granted at `sent` ends; far in the future (never a panic) for a
 /// lease longer than the clock can count.
 fn lease_end(sent: Instant, lease: Duration) -> Instant {
-    const FAR: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
-    sent.checked_add(lease)
-        .or_else(|| sent.checked_add(FAR))
-        .unwrap_or(sent)
+    Instant::from_std(idem_core::saturating_deadline(sent.into_std(), lease))
 }
 
 /// Creates the future with `make` and runs it, catching a panic in either step: `Err` holds
