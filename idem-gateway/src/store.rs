@@ -97,6 +97,16 @@ pub enum SettingError {
     Namespace(String),
 }
 
+#[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
+impl SettingError {
+    /// The refusal as the error of opening the store: a configuration error (exit 2) at
+    /// `store`, the client's own words.
+    fn into_failure(self) -> Failure {
+        let (SettingError::Url(reason) | SettingError::Namespace(reason)) = self;
+        Failure::Config(ConfigError::new(Some("store".to_owned()), reason))
+    }
+}
+
 /// Checks the store's settings the way opening it does, without connecting: what
 /// `idem serve` would refuse, `idem check-config` refuses too. A store this build does not
 /// include is not checked here (opening it says so).
@@ -110,9 +120,9 @@ pub enum SettingError {
 pub fn check_settings(spec: &StoreSpec, namespace: &str) -> Result<(), SettingError> {
     match spec {
         #[cfg(feature = "redis")]
-        StoreSpec::Redis(url) => redis::check(url, namespace),
+        StoreSpec::Redis(url) => redis::config(url, namespace).map(drop),
         #[cfg(feature = "postgres")]
-        StoreSpec::Postgres(url) => postgres::check(url, namespace),
+        StoreSpec::Postgres(url) => postgres::config(url, namespace).map(drop),
         _ => Ok(()),
     }
 }
@@ -202,23 +212,17 @@ mod redis {
 
     use super::SettingError;
     use crate::commands::Failure;
-    use crate::config::ConfigError;
 
     /// The store's settings: one server, or a Cluster for `redis+cluster://h1:p1,h2:p2`.
     pub(super) fn settings(url: &str, namespace: &str) -> Result<RedisConfig, Failure> {
-        nodes(url)
-            .and_then(|config| config.with_namespace(namespace))
-            .map_err(|err| {
-                Failure::Config(ConfigError::new(Some("store".to_owned()), err.to_string()))
-            })
+        config(url, namespace).map_err(SettingError::into_failure)
     }
 
-    /// [`settings`] checked without connecting, telling the URL's errors from the namespace's.
-    pub(super) fn check(url: &str, namespace: &str) -> Result<(), SettingError> {
-        let config = nodes(url).map_err(|err| SettingError::Url(err.to_string()))?;
-        config
+    /// The store's settings, or which of them the client refuses (made without connecting).
+    pub(super) fn config(url: &str, namespace: &str) -> Result<RedisConfig, SettingError> {
+        nodes(url)
+            .map_err(|err| SettingError::Url(err.to_string()))?
             .with_namespace(namespace)
-            .map(drop)
             .map_err(|err| SettingError::Namespace(err.to_string()))
     }
 
@@ -245,28 +249,20 @@ mod redis {
 mod postgres {
     use idem_store_postgres::PostgresConfig;
 
+    use super::SettingError;
     use crate::commands::Failure;
-    use crate::config::ConfigError;
 
     /// The store's settings: the URL, and the namespace as the schema.
     pub(super) fn settings(url: &str, namespace: &str) -> Result<PostgresConfig, Failure> {
-        let refused = |err: idem_store_postgres::ConfigError| {
-            Failure::Config(ConfigError::new(Some("store".to_owned()), err.to_string()))
-        };
-        PostgresConfig::new(url)
-            .map_err(refused)?
-            .with_schema(namespace)
-            .map_err(refused)
+        config(url, namespace).map_err(SettingError::into_failure)
     }
 
-    /// [`settings`] checked without connecting, telling the URL's errors from the namespace's.
-    pub(super) fn check(url: &str, namespace: &str) -> Result<(), super::SettingError> {
-        let config =
-            PostgresConfig::new(url).map_err(|err| super::SettingError::Url(err.to_string()))?;
-        config
+    /// The store's settings, or which of them the client refuses (made without connecting).
+    pub(super) fn config(url: &str, namespace: &str) -> Result<PostgresConfig, SettingError> {
+        PostgresConfig::new(url)
+            .map_err(|err| SettingError::Url(err.to_string()))?
             .with_schema(namespace)
-            .map(drop)
-            .map_err(|err| super::SettingError::Namespace(err.to_string()))
+            .map_err(|err| SettingError::Namespace(err.to_string()))
     }
 }
 
