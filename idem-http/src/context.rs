@@ -59,15 +59,27 @@ mod extract {
     use super::IdempotencyContext;
 
     /// The route is not behind the layer, or its request had no key (an optional key): use
-    /// `Option<IdempotencyContext>` where the key is optional. Answers 500.
+    /// `Option<IdempotencyContext>` where the key is optional. Answers 500 with an RFC 9457
+    /// `application/problem+json` body.
     #[derive(Clone, Copy, Debug)]
     pub struct MissingContext;
+
+    /// The RFC 9457 body of [`MissingContext`], like the layer's own rejections.
+    const MISSING_CONTEXT: &str = concat!(
+        r#"{"type":"https://docs.rs/idem-http/latest/idem_http/struct.MissingContext.html","#,
+        r#""title":"Idempotency context missing","status":500,"#,
+        r#""detail":"the handler asked for the idempotency context, but the route is not behind IdempotencyLayer or its request had no key: use Option<IdempotencyContext> where the key is optional"}"#
+    );
 
     impl IntoResponse for MissingContext {
         fn into_response(self) -> Response {
             (
                 StatusCode::INTERNAL_SERVER_ERROR,
-                "the idempotency context is missing: is the route behind IdempotencyLayer?",
+                [(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("application/problem+json"),
+                )],
+                MISSING_CONTEXT,
             )
                 .into_response()
         }

@@ -47,7 +47,9 @@ pub enum Rejection {
         /// The name of the key header.
         header: HeaderName,
     },
-    /// The scope of the request (a tenant header) is not a valid scope: 400.
+    /// The scope of the request cannot be read (its scope header, `Authorization` or a tenant
+    /// header, is repeated or not printable ASCII; or a `scope_with` function returned `None`):
+    /// 400.
     InvalidScope,
     /// The request body is larger than the limit: 413.
     BodyTooLarge {
@@ -149,7 +151,10 @@ impl Rejection {
                 format!("this endpoint requires the {} header", spelled(header))
             }
             Rejection::InvalidScope => {
-                "the scope header (Authorization, or the tenant header) was sent more than once, or is not 0 to 255 bytes of printable ASCII".into()
+                "the scope of this request could not be read: its scope header (Authorization, \
+                 or the configured tenant header) was sent more than once or is not 0 to 255 \
+                 bytes of printable ASCII, or the scope function refused the request"
+                    .into()
             }
             Rejection::BodyTooLarge { limit } => {
                 format!("the request body is over the limit of {limit} bytes")

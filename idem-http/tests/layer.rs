@@ -625,6 +625,10 @@ async fn the_axum_extractor_hands_over_key_and_fence() {
                     ctx.map_or("no key".to_owned(), |ctx| ctx.key().to_string())
                 }),
             )
+            .route(
+                "/needs-key",
+                post(|ctx: IdempotencyContext| async move { ctx.key().to_string() }),
+            )
     })
     .await;
     assert_eq!(
@@ -633,6 +637,15 @@ async fn the_axum_extractor_hands_over_key_and_fence() {
     );
     let keyless = app.send(Method::POST, "/optional", &[], "").await;
     assert_eq!(keyless.body, "no key");
+    // Without a key the context is missing: a problem+json 500, like every rejection.
+    let missing = app.send(Method::POST, "/needs-key", &[], "").await;
+    assert_eq!(missing.status, 500);
+    assert_eq!(missing.headers["content-type"], "application/problem+json");
+    let problem = String::from_utf8_lossy(&missing.body);
+    assert!(
+        problem.contains(r#""title":"Idempotency context missing""#),
+        "{problem}"
+    );
     let _ = Body::empty();
 }
 
