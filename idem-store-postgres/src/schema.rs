@@ -79,11 +79,15 @@ pub struct MigrationReport {
 /// A schema already at this build's version is answered after two reads, without the lock and
 /// without DDL, so a role that may only use the records (no `CREATE` on the database) connects
 /// with migrations on.
+///
+/// `after` is the connection's `statement_timeout`, which a cancelled statement's
+/// [`StoreError::Timeout`] reports.
 pub(crate) async fn migrate(
     client: &mut Client,
     schema: &str,
+    after: std::time::Duration,
 ) -> Result<MigrationReport, StoreError> {
-    let fail = |e| from_pg("migrate", std::time::Duration::ZERO, e);
+    let fail = |e| from_pg("migrate", after, e);
     let quoted = quote(schema);
     if let Some(current) = committed_version(client, &quoted).await {
         if current > LATEST_VERSION {

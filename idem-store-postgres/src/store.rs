@@ -66,7 +66,7 @@ pub async fn migrate(config: &PostgresConfig) -> Result<MigrationReport, StoreEr
         .get()
         .await
         .map_err(|e| from_pool("migrate", config.op_timeout, e))?;
-    schema::migrate(&mut client, &config.schema).await
+    schema::migrate(&mut client, &config.schema, config.op_timeout).await
 }
 
 fn build_pool(config: &PostgresConfig) -> Result<Pool, StoreError> {
@@ -146,7 +146,7 @@ impl PostgresStore {
                 .get()
                 .await
                 .map_err(|e| from_pool("migrate", config.op_timeout, e))?;
-            schema::migrate(&mut client, &config.schema).await?;
+            schema::migrate(&mut client, &config.schema, config.op_timeout).await?;
         }
         Ok(PostgresStore {
             inner: Arc::new(Inner {

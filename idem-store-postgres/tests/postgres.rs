@@ -184,6 +184,39 @@ async fn migrations_apply_once_also_when_raced() {
     assert!(again.applied.is_empty());
 }
 
+/// A migration that waits past the operation timeout (another instance holds the schema's
+/// migration lock) is a `Timeout` that names the timeout it ran into.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_waiting_past_its_timeout_reports_that_timeout() {
+    let Some(h) = PgHarness::new().await else {
+        return;
+    };
+    let schema = SchemaGuard {
+        name: fresh_schema("idem_mig_wait"),
+    };
+    // Another instance is migrating this schema: it holds the lock in an open transaction.
+    let mut holder = h.store.pool().get().await.unwrap();
+    let tx = holder.transaction().await.unwrap();
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+        &[&format!("idem.migrate.{}", schema.name)],
+    )
+    .await
+    .unwrap();
+    let timeout = Duration::from_millis(300);
+    let config = PostgresConfig::new(&url())
+        .unwrap()
+        .with_schema(&schema.name)
+        .unwrap()
+        .with_op_timeout(timeout);
+    let err = migrate(&config).await.unwrap_err();
+    tx.rollback().await.unwrap();
+    assert!(
+        matches!(err, StoreError::Timeout { op: "migrate", after } if after == timeout),
+        "{err:?}"
+    );
+}
+
 /// A schema name that `with_schema` accepts but PostgreSQL reserves as a keyword (`user`,
 /// `order`, `select`...) works: the store quotes it in every statement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
