@@ -235,6 +235,22 @@ impl PostgresStore {
         self.timed("claim", self.claim_on(tx, request)).await
     }
 
+    /// Commits `tx`, the caller's transaction that [`PostgresStore::claim_in`] and its siblings
+    /// took part in, within the operation timeout, its errors mapped as every operation's. A
+    /// commit that fails or times out may or may not have taken effect.
+    ///
+    /// # Errors
+    /// [`StoreError::Timeout`] past the operation timeout, [`StoreError::Unavailable`] for a
+    /// lost connection, [`StoreError::Backend`] for what the server refused (a serialization
+    /// failure is retryable).
+    pub async fn commit(&self, tx: Transaction<'_>) -> Result<(), StoreError> {
+        let after = self.inner.op_timeout;
+        self.timed("commit", async move {
+            tx.commit().await.map_err(|e| from_pg("commit", after, e))
+        })
+        .await
+    }
+
     /// [`Store::complete`] inside the caller's transaction: the result is recorded if and only
     /// if `tx` commits, so the business write made in `tx` and the completion commit together.
     ///

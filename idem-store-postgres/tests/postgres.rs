@@ -63,7 +63,7 @@ async fn effect_and_completion(
         .await
         .unwrap();
     if commit {
-        tx.commit().await.unwrap();
+        store.commit(tx).await.unwrap();
     } else {
         tx.rollback().await.unwrap();
     }

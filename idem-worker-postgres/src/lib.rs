@@ -57,7 +57,7 @@
 //! | permanent error | the job's writes rolled back; the failure is recorded and commits | failed | dead-letter |
 //! | unknown outcome | the job's writes rolled back; the claim commits and is kept until its lease ends | unknown outcome | retry after the lease |
 //! | a panic, or the future dropped | rolled back | panicked | retry with backoff |
-//! | a commit that fails | unknown: committed or not, a redelivery sees the record or a free key | store error | retry with backoff |
+//! | a commit that fails or outlasts the store's operation timeout | unknown: committed or not, a redelivery sees the record or a free key | store error | retry with backoff |
 //!
 //! While the transaction is open, a duplicate's claim of the same key waits for it (a row
 //! lock), up to the store's operation timeout, after which it is retried. No heartbeat is
@@ -228,7 +228,7 @@ impl PgJobGuard {
                     )
                     .await;
                 match completed {
-                    Ok(()) => match tx.commit().await {
+                    Ok(()) => match self.commit(tx).await {
                         Ok(()) => (Outcome::Executed(value), Disposition::Ack, "completed"),
                         // Committed or not: a redelivery finds the record or a free key.
                         Err(error) => commit_failed(retry.after_failure(delivery), error),
@@ -293,7 +293,7 @@ impl PgJobGuard {
             Ended::Undone(error) => {
                 // Unknown outcome: keep the claim (alone) until its lease ends.
                 self.count_failure("unknown");
-                let kept = tx.commit().await;
+                let kept = self.commit(tx).await;
                 let outcome = Outcome::Error(RunError::UnknownOutcome(error.into_cause()));
                 match kept {
                     Ok(()) => (
@@ -328,7 +328,7 @@ impl PgJobGuard {
             )
             .await;
         match failed {
-            Ok(()) => match tx.commit().await {
+            Ok(()) => match self.commit(tx).await {
                 Ok(()) => (outcome(failure), Disposition::DeadLetter, "failed"),
                 Err(error) => commit_failed(retry.after_failure(delivery), error),
             },
@@ -344,6 +344,12 @@ impl PgJobGuard {
                 )
             }
         }
+    }
+
+    /// Commits `tx` within the store's operation timeout, timed and counted as the store
+    /// operation `commit`.
+    async fn commit(&self, tx: Transaction<'_>) -> Result<(), StoreError> {
+        self.guard.store_op("commit", self.store.commit(tx)).await
     }
 
     fn count_failure(&self, kind: &'static str) {
@@ -368,12 +374,12 @@ enum Ended<T> {
 
 fn commit_failed<T>(
     disposition: Disposition,
-    error: idem_store_postgres::deadpool_postgres::tokio_postgres::Error,
+    error: StoreError,
 ) -> (Outcome<T>, Disposition, &'static str) {
     (
         Outcome::Error(RunError::Store {
             op: "commit",
-            source: StoreError::unavailable(error),
+            source: error,
         }),
         disposition,
         "unknown",
