@@ -14,6 +14,7 @@
 //! - [`gateway`], [`proxy`], [`server`], [`admin`]: the request path, the upstream client, the
 //!   listener with its graceful shutdown, and the admin endpoints (metrics, health, the key API,
 //!   the operator's page `/ui`);
+//! - [`normal_path`]: the normal form of a request path, which routes are matched against;
 //! - [`records`]: records as the admin tools show them (JSON and one line);
 //! - [`demo`]: the built-in upstream of `idem demo`.
 
@@ -24,6 +25,7 @@ pub mod commands;
 pub mod config;
 pub mod demo;
 pub mod gateway;
+pub mod normal_path;
 pub mod proxy;
 pub mod records;
 pub mod server;
