@@ -20,6 +20,7 @@ use tower_service::Service;
 use crate::body::{GatewayBody, RequestBody, boxed, full};
 use crate::config::toml::{KeyMode, OnStoreError};
 use crate::config::{Config, ConfigError, PathPattern, RouteSettings, ScopeSpec};
+use crate::normal_path::{NormalPath, PathError};
 use crate::proxy::{ClientAddr, Proxy, ProxyError, Tracker};
 
 /// The metric names of the gateway, next to the layer's (see `idem_http::metrics`).
@@ -188,13 +189,24 @@ impl Gateway {
         let (mut parts, body) = request.into_parts();
         parts.extensions.insert(ClientAddr(client));
         let request = Request::from_parts(parts, RequestBody::streamed(body));
-        let Some(route) = self
-            .routes
-            .iter()
-            .find(|r| r.path.matches(request.uri().path()))
-        else {
-            // The catch-all route covers every path; a request target without a path (`*`)
-            // reaches here.
+        // The route is chosen by the normal form of the path, so that no other spelling of a
+        // path (`//payments`, `/x/../payments`, `/%70ayments`) escapes the route that covers
+        // it; the request itself goes on as it came.
+        let route = match NormalPath::new(request.uri().path()) {
+            Ok(path) => self.routes.iter().find(|r| r.path.matches(&path)),
+            Err(err @ PathError::AboveRoot) => {
+                tracing::debug!(method = %request.method(), path = request.uri().path(), "refused: {err}");
+                return problem_of_type(
+                    StatusCode::BAD_REQUEST,
+                    &format!("{DOCS}/normal_path/enum.PathError.html#variant.AboveRoot"),
+                    &format!("{err}: the request is not forwarded"),
+                );
+            }
+            // A request target without a path (`*`, or a CONNECT's authority).
+            Err(_) => None,
+        };
+        let Some(route) = route else {
+            // The catch-all route covers every path.
             return problem(
                 StatusCode::NOT_FOUND,
                 "NoRoute",
@@ -257,11 +269,23 @@ fn upstream_broke_off(response: Response<GatewayBody>, proxy: &Proxy) -> Respons
     response
 }
 
+/// Where the problem `type` links point.
+const DOCS: &str = "https://docs.rs/idem-gateway/latest/idem_gateway";
+
 /// An RFC 9457 problem response of the gateway itself.
 #[must_use]
 pub fn problem(status: StatusCode, name: &str, detail: &str) -> Response<GatewayBody> {
+    problem_of_type(
+        status,
+        &format!("{DOCS}/proxy/enum.ProxyError.html#variant.{name}"),
+        detail,
+    )
+}
+
+/// An RFC 9457 problem response whose `type` is `type_uri`.
+fn problem_of_type(status: StatusCode, type_uri: &str, detail: &str) -> Response<GatewayBody> {
     let body = json!({
-        "type": format!("https://docs.rs/idem-gateway/latest/idem_gateway/proxy/enum.ProxyError.html#variant.{name}"),
+        "type": type_uri,
         "title": status.canonical_reason().unwrap_or("Error"),
         "status": status.as_u16(),
         "detail": detail,

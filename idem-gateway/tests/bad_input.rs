@@ -433,6 +433,35 @@ fn check_config_json_shows_every_route_setting() {
     assert_eq!(default["strict_keys"], false, "{value}");
 }
 
+/// Route paths are put in the normal form requests are matched in when the config is loaded,
+/// and `check-config --json` shows that form; a path with a `..` segment is refused, at its
+/// position.
+#[test]
+fn route_paths_are_shown_in_normal_form_and_dot_dot_is_refused() {
+    let routes = file(
+        "routes-normal.toml",
+        "[upstream]\nurl = \"http://127.0.0.1:3000\"\n\
+         [[route]]\npath = \"//payments/\"\n\
+         [[route]]\npath = \"/v1/./%2a/%6Frders/*/\"\n",
+    );
+    let output = idem(&["check-config", "--json", path(&routes)]);
+    assert!(output.status.success(), "{output:?}");
+    let value: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(value["routes"][0]["path"], "/payments", "{value}");
+    assert_eq!(value["routes"][0]["name"], "/payments", "{value}");
+    assert_eq!(value["routes"][1]["path"], "/v1/%2A/orders/*", "{value}");
+    for bad in ["/a/../payments", "/../payments", "/v1/*/%2E%2E"] {
+        let config = file(
+            "routes-dot-dot.toml",
+            &format!("[upstream]\nurl = \"http://127.0.0.1:3000\"\n[[route]]\npath = \"{bad}\"\n"),
+        );
+        assert_one_line_error(
+            &idem(&["check-config", path(&config)]),
+            &["routes-dot-dot.toml:4:8", "invalid path", "no .. segment"],
+        );
+    }
+}
+
 /// A bad value from an environment variable is named by it too, not by a flag the user never
 /// passed.
 #[test]

@@ -569,6 +569,110 @@ async fn a_get_with_a_chunked_body_is_passed_through_with_it() {
     assert!(raw.contains("body: hello world\n"), "{raw}");
 }
 
+/// Sends `request` (raw bytes, ending the connection) to `gateway`, as written: an HTTP client
+/// could put the path in normal form itself. The raw answer.
+async fn raw_exchange(gateway: &Gateway, request: &str) -> String {
+    let addr: SocketAddr = gateway.url.trim_start_matches("http://").parse().unwrap();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    raw
+}
+
+/// A POST of `path` as written, with the key if any, ending the connection.
+fn raw_post(path: &str, key: Option<&str>) -> String {
+    let key = key.map_or(String::new(), |key| format!("idempotency-key: {key}\r\n"));
+    format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\n{key}content-length: 1\r\nconnection: close\r\n\r\na"
+    )
+}
+
+/// The paths the upstream serves as `/echo` once it normalises them: a route that requires a
+/// key on `/echo` covers them all, so none reaches the upstream without a key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_spelling_of_the_path_does_not_bypass_a_required_key() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config(fixture.addr, PAYMENTS)).await;
+    for path in [
+        "//echo",
+        "/./echo",
+        "/x/../echo",
+        "/%65cho",
+        "/%65%63%68%6F",
+        "/x/%2e%2E/echo",
+        "/echo/",
+        "//echo//7",
+    ] {
+        let raw = raw_exchange(&gateway, &raw_post(path, None)).await;
+        assert!(raw.starts_with("HTTP/1.1 400"), "{path}: {raw}");
+        assert!(raw.contains("application/problem+json"), "{path}: {raw}");
+        assert!(raw.contains("Idempotency key required"), "{path}: {raw}");
+    }
+    assert_eq!(fixture.count().await, 0);
+}
+
+/// A `..` that climbs above the root is refused by the gateway itself, as nginx does: with or
+/// without a key, on a route that requires one or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_above_the_root_is_400_and_never_forwarded() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config(fixture.addr, PAYMENTS)).await;
+    for (path, key) in [
+        ("/../echo", None),
+        ("/../echo", Some("above-1")),
+        ("/x/../../echo", Some("above-2")),
+        ("/%2E%2E/echo", Some("above-3")),
+        ("//..//counter", None),
+    ] {
+        let raw = raw_exchange(&gateway, &raw_post(path, key)).await;
+        assert!(raw.starts_with("HTTP/1.1 400"), "{path}: {raw}");
+        assert!(raw.contains("application/problem+json"), "{path}: {raw}");
+        assert!(raw.contains("above the root"), "{path}: {raw}");
+        assert!(raw.contains("#variant.AboveRoot"), "{path}: {raw}");
+    }
+    let raw = raw_exchange(
+        &gateway,
+        "GET /.. HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(raw.starts_with("HTTP/1.1 400"), "{raw}");
+    assert_eq!(fixture.count().await, 0);
+    for key in ["above-1", "above-2", "above-3"] {
+        assert!(gateway.store.get(&record_key(key)).await.unwrap().is_none());
+    }
+}
+
+/// The route is chosen by the normal form of the path, but the upstream gets the path and
+/// query as sent, and the fingerprint is over them: the same key with another spelling of the
+/// path is another request (422).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_gets_the_path_as_sent() {
+    let upstream = header_echo().await;
+    // A prefix written with a trailing slash covers the bare path too.
+    let gateway = Gateway::start(&config(
+        upstream,
+        "[[route]]\npath = \"/who/\"\nkey = \"required\"\n",
+    ))
+    .await;
+    for path in ["/who", "/x/../who", "/%77ho/?q=1"] {
+        let raw = raw_exchange(&gateway, &raw_post(path, None)).await;
+        assert!(raw.starts_with("HTTP/1.1 400"), "{path}: {raw}");
+    }
+    let raw = raw_exchange(&gateway, &raw_post("/x/../%77ho/?q=1", Some("as-sent"))).await;
+    assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+    assert!(raw.contains("POST /x/../%77ho/?q=1\n"), "{raw}");
+    let replay = raw_exchange(&gateway, &raw_post("/x/../%77ho/?q=1", Some("as-sent"))).await;
+    assert!(
+        replay
+            .to_ascii_lowercase()
+            .contains("idempotent-replayed: true"),
+        "{replay}"
+    );
+    let other = raw_exchange(&gateway, &raw_post("/who/?q=1", Some("as-sent"))).await;
+    assert!(other.starts_with("HTTP/1.1 422"), "{other}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_listener_serves_health_readiness_and_a_token() {
     let fixture = Fixture::start();

@@ -12,6 +12,7 @@ use toml::Spanned;
 use super::ConfigError;
 use super::toml::{FileConfig, KeyMode, LogFormat, OnStoreError, RouteSection};
 use super::value::{ByteSize, HumanDuration, PathPattern, ScopeSpec, StoreSpec, UpstreamUrl};
+use crate::normal_path::NormalPath;
 use crate::store::SettingError;
 
 /// The defaults, in one place (the example config repeats them).
@@ -807,9 +808,10 @@ impl Config {
         })
     }
 
-    /// The first route that covers `path` (the catch-all `/` route covers every path).
+    /// The first route that covers the request path `path`, in its normal form as the gateway
+    /// matches it (the catch-all `/` route covers every path).
     #[must_use]
-    pub fn route_for(&self, path: &str) -> Option<&Route> {
+    pub fn route_for(&self, path: &NormalPath<'_>) -> Option<&Route> {
         self.routes.iter().find(|route| route.path.matches(path))
     }
 

@@ -5,6 +5,7 @@
 //!
 //! ```
 //! use idem_gateway::config::{self, Overrides};
+//! use idem_gateway::normal_path::NormalPath;
 //!
 //! let text = r#"
 //! [upstream]
@@ -17,14 +18,17 @@
 //! "#;
 //! let overrides = Overrides { retention: Some("2h".into()), ..Overrides::default() };
 //! let config = config::from_str("idem.toml", text, &overrides)?;
-//! let route = config.route_for("/payments/7").unwrap();
+//! let route = config.route_for(&NormalPath::new("/payments/7")?).unwrap();
 //! assert_eq!(route.settings.lease.as_secs(), 60);
 //! assert_eq!(route.settings.retention.as_secs(), 7200);
+//! // Routes match the normal form of the path: another spelling is the same route.
+//! let same = config.route_for(&NormalPath::new("//x/../%70ayments/")?).unwrap();
+//! assert_eq!(same.name, route.name);
 //!
 //! // Errors are one line with the position in the file.
 //! let err = config::from_str("idem.toml", "[upstream]\ntimeout = \"3x\"\n", &overrides).unwrap_err();
 //! assert!(err.to_string().starts_with("idem.toml:2:11: invalid duration \"3x\""), "{err}");
-//! # Ok::<(), idem_gateway::config::ConfigError>(())
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 use std::fmt;

@@ -10,6 +10,8 @@ use http::{Method, Uri};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 
+use crate::normal_path::{self, NormalPath};
+
 /// Implements `Deserialize` through `FromStr`, so a bad value is reported by toml with the
 /// position of the value.
 macro_rules! deserialize_from_str {
@@ -336,6 +338,11 @@ impl fmt::Display for UpstreamUrl {
 /// Which paths a route covers: a prefix (`/payments` covers `/payments` and `/payments/...`,
 /// not `/paymentsx`) or a glob (`*` stands for any text within one segment, `**` for any number
 /// of whole segments: `/v1/*/orders/**`).
+///
+/// A route matches the [normal form](crate::normal_path) of the request path, without its
+/// trailing `/`; the parser puts the pattern in the same form (`//payments/` is `/payments`,
+/// `/%70ayments` is `/payments`), so a prefix written with a trailing `/` covers the bare path
+/// too, and refuses a pattern with a `..` segment, which would say another path than it shows.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PathPattern {
     /// A path prefix, at segment boundaries.
@@ -361,10 +368,23 @@ impl FromStr for PathPattern {
                 "invalid path {text:?}: a route matches the path alone, without a query or fragment"
             ));
         }
-        if !text.contains('*') {
-            return Ok(PathPattern::Prefix(text.to_owned()));
+        if normal_path::decode(text).split('/').any(|s| s == "..") {
+            return Err(format!(
+                "invalid path {text:?}: a route path has no .. segment (write the path it stands for)"
+            ));
         }
-        let segments: Vec<String> = text[1..].split('/').map(str::to_owned).collect();
+        let normal =
+            NormalPath::new(text).map_err(|err| format!("invalid path {text:?}: {err}"))?;
+        let normal = normal.for_matching();
+        if !normal.contains('*') {
+            return Ok(PathPattern::Prefix(normal.to_owned()));
+        }
+        let segments: Vec<String> = normal
+            .strip_prefix('/')
+            .unwrap_or(normal)
+            .split('/')
+            .map(str::to_owned)
+            .collect();
         if let Some(bad) = segments
             .iter()
             .find(|s| s.contains("**") && s.as_str() != "**")
@@ -419,20 +439,24 @@ fn glob(pattern: &[String], path: &[&str]) -> bool {
 }
 
 impl PathPattern {
-    /// Whether a request path (without the query) is covered.
+    /// Whether a request path is covered: its normal form, a trailing `/` ignored.
     #[must_use]
-    pub fn matches(&self, path: &str) -> bool {
+    pub fn matches(&self, path: &NormalPath<'_>) -> bool {
+        let path = path.for_matching();
         match self {
             PathPattern::Prefix(prefix) => {
-                path.starts_with(prefix.as_str())
-                    && (path.len() == prefix.len()
-                        || prefix.ends_with('/')
-                        || path.as_bytes().get(prefix.len()) == Some(&b'/'))
+                // The parser drops a trailing `/`; a pattern built by hand may have one. The
+                // root `/` is then empty: every path starts with `/`.
+                let prefix = prefix.strip_suffix('/').unwrap_or(prefix);
+                path.strip_prefix(prefix)
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
             }
             PathPattern::Glob(segments) => {
-                let Some(rest) = path.strip_prefix('/') else {
-                    return false;
+                let segments = match segments.split_last() {
+                    Some((last, init)) if last.is_empty() && !init.is_empty() => init,
+                    _ => segments,
                 };
+                let rest = path.strip_prefix('/').unwrap_or(path);
                 let parts: Vec<&str> = rest.split('/').collect();
                 glob(segments, &parts)
             }
@@ -609,17 +633,79 @@ mod tests {
     #[test]
     fn paths() {
         let prefix: PathPattern = "/payments".parse().unwrap();
-        assert!(prefix.matches("/payments") && prefix.matches("/payments/7"));
-        assert!(!prefix.matches("/paymentsx") && !prefix.matches("/"));
+        assert!(covers(&prefix, "/payments") && covers(&prefix, "/payments/7"));
+        assert!(!covers(&prefix, "/paymentsx") && !covers(&prefix, "/"));
         let root: PathPattern = "/".parse().unwrap();
-        assert!(root.matches("/anything/at/all"));
+        assert!(covers(&root, "/anything/at/all") && covers(&root, "/"));
         let glob: PathPattern = "/v1/*/orders/**".parse().unwrap();
-        assert!(glob.matches("/v1/acme/orders") && glob.matches("/v1/acme/orders/7/items"));
-        assert!(!glob.matches("/v1/acme/refunds/7") && !glob.matches("/v2/acme/orders"));
+        assert!(covers(&glob, "/v1/acme/orders") && covers(&glob, "/v1/acme/orders/7/items"));
+        assert!(!covers(&glob, "/v1/acme/refunds/7") && !covers(&glob, "/v2/acme/orders"));
         let star: PathPattern = "/files/*.json".parse().unwrap();
-        assert!(star.matches("/files/a.json") && !star.matches("/files/a/b.json"));
+        assert!(covers(&star, "/files/a.json") && !covers(&star, "/files/a/b.json"));
         assert!("payments".parse::<PathPattern>().is_err());
         assert!("/a/**b".parse::<PathPattern>().is_err());
+    }
+
+    /// Whether `pattern` covers the request path `path`, as the gateway matches it.
+    fn covers(pattern: &PathPattern, path: &str) -> bool {
+        pattern.matches(&NormalPath::new(path).unwrap())
+    }
+
+    #[test]
+    fn routes_match_the_normal_form_of_the_path() {
+        let prefix: PathPattern = "/payments".parse().unwrap();
+        for path in [
+            "//payments",
+            "/./payments",
+            "/x/../payments",
+            "/%70ayments",
+            "/payments/",
+            "/payments//7",
+            "/PAY/../payments/%37",
+        ] {
+            assert!(covers(&prefix, path), "{path}");
+        }
+        assert!(!covers(&prefix, "/payments%2F7") && !covers(&prefix, "/payments/../x"));
+        let glob: PathPattern = "/v1/*/orders".parse().unwrap();
+        for path in [
+            "/v1/a/orders/",
+            "/v1//a/./orders",
+            "/v1/a/x/../orders",
+            "/v1/%61/orders",
+        ] {
+            assert!(covers(&glob, path), "{path}");
+        }
+        assert!(!covers(&glob, "/v1/a/orders/7") && !covers(&glob, "/v1//orders"));
+        // Built by hand with a trailing slash, a pattern still ignores it.
+        let by_hand = PathPattern::Prefix("/payments/".to_owned());
+        assert!(covers(&by_hand, "/payments") && covers(&by_hand, "/payments/7"));
+        let by_hand = PathPattern::Glob(vec!["v1".into(), "*".into(), String::new()]);
+        assert!(covers(&by_hand, "/v1/a") && covers(&by_hand, "/v1/a/"));
+    }
+
+    #[test]
+    fn patterns_are_put_in_normal_form_or_refused() {
+        for (written, normal) in [
+            ("/payments/", "/payments"),
+            ("//payments//", "/payments"),
+            ("/./payments", "/payments"),
+            ("/%70ayments", "/payments"),
+            ("/a%2fb", "/a%2Fb"),
+            ("/", "/"),
+            ("//", "/"),
+            ("/v1/*/orders/", "/v1/*/orders"),
+            ("/v1//*/./orders/**/", "/v1/*/orders/**"),
+        ] {
+            let pattern: PathPattern = written.parse().unwrap();
+            assert_eq!(pattern.to_string(), normal, "{written}");
+            assert_eq!(pattern, normal.parse().unwrap(), "{written}");
+        }
+        for bad in ["/a/../b", "/..", "/v1/*/..", "/a/%2E%2E/b", "/a/.%2e"] {
+            let error = bad.parse::<PathPattern>().unwrap_err();
+            assert!(error.contains("no .. segment"), "{bad}: {error}");
+        }
+        // A glob keeps its meaning: `**` still stands alone after normalisation.
+        assert!("/a/**%62".parse::<PathPattern>().is_err());
     }
 
     #[test]
