@@ -203,7 +203,7 @@ impl Gateway {
                 );
             }
             // A request target without a path (`*`, or a CONNECT's authority).
-            Err(_) => None,
+            Err(PathError::NotAbsolute) => None,
         };
         let Some(route) = route else {
             // The catch-all route covers every path.
