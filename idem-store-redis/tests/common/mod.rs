@@ -380,11 +380,77 @@ impl Drop for ServerProcess {
     }
 }
 
-/// A Redis Cluster for the tests: seeds for the client, and every node's plain URL.
+/// A Redis Cluster for the tests: seeds for the client, every node's plain URL, and the
+/// servers when the tests started them.
 pub struct Cluster {
     pub seeds: Vec<String>,
     pub nodes: Vec<String>,
-    _servers: Vec<ServerProcess>,
+    servers: Vec<ServerProcess>,
+}
+
+impl Cluster {
+    /// A three-node Cluster of the calling test's own (it may kill and restart its nodes), or
+    /// `None` (skipped loudly; a failure under `CI=true`) without `redis-server`. Its nodes
+    /// keep their data in an append-only file written on every command, so a node killed and
+    /// started again comes back with its records as well as its slots (`nodes.conf`).
+    pub fn start_own() -> Option<Cluster> {
+        if !have_redis_binaries() {
+            return None;
+        }
+        Some(start_cluster(&[
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+        ]))
+    }
+
+    /// Kills the node at `index` (`SIGKILL`) and starts it again on the same port, with the
+    /// same directory (its `nodes.conf`: the same node id and slots).
+    pub fn restart_node(&self, index: usize) {
+        let server = &self.servers[index];
+        server.kill();
+        server.restart();
+    }
+
+    /// Kills every node, then starts every node again (same ports, same directories).
+    pub fn restart_all(&self) {
+        for server in &self.servers {
+            server.kill();
+        }
+        for server in &self.servers {
+            server.restart();
+        }
+    }
+
+    /// Waits until `redis-cli CLUSTER INFO` on every node says `cluster_state:ok` with all
+    /// 16384 slots (30 s at most).
+    pub fn wait_until_ok(&self) {
+        let ports: Vec<u16> = self.servers.iter().map(|s| s.port).collect();
+        wait_for_cluster(&ports);
+    }
+
+    /// The index of the node that holds the Redis key `redis_key` (answers `EXISTS` with 1;
+    /// the others redirect).
+    pub fn node_holding(&self, redis_key: &str) -> usize {
+        let holders: Vec<usize> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, url)| {
+                let mut conn = redis::Client::open(url.as_str())
+                    .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
+                    .expect("connect to a node");
+                redis::cmd("EXISTS")
+                    .arg(redis_key)
+                    .query::<i64>(&mut conn)
+                    .is_ok_and(|n| n == 1)
+            })
+            .map(|(index, _)| index)
+            .collect();
+        assert_eq!(holders.len(), 1, "nodes holding {redis_key}: {holders:?}");
+        holders[0]
+    }
 }
 
 /// The test Cluster of this test binary: `IDEM_TEST_REDIS_CLUSTER` (comma-separated seed
@@ -415,25 +481,29 @@ fn start_or_find_cluster() -> Option<Cluster> {
             return Some(Cluster {
                 seeds,
                 nodes,
-                _servers: Vec::new(),
+                servers: Vec::new(),
             });
         }
     }
     if !have_redis_binaries() {
         return None;
     }
-    let servers: Vec<ServerProcess> = (0..3)
-        .map(|_| {
-            ServerProcess::start(&[
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-node-timeout",
-                "5000",
-            ])
-        })
-        .collect();
+    Some(start_cluster(&[]))
+}
+
+/// Starts three `redis-server --cluster-enabled yes` processes (with `extra` arguments) and
+/// makes them one Cluster, each node a primary of a third of the slots.
+fn start_cluster(extra: &[&str]) -> Cluster {
+    let mut args = vec![
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+        "--cluster-node-timeout",
+        "5000",
+    ];
+    args.extend_from_slice(extra);
+    let servers: Vec<ServerProcess> = (0..3).map(|_| ServerProcess::start(&args)).collect();
     let addresses: Vec<String> = servers
         .iter()
         .map(|s| format!("127.0.0.1:{}", s.port))
@@ -452,38 +522,48 @@ fn start_or_find_cluster() -> Option<Cluster> {
         String::from_utf8_lossy(&created.stdout)
     );
     let nodes: Vec<String> = servers.iter().map(ServerProcess::url).collect();
-    wait_for_cluster(&nodes);
-    Some(Cluster {
+    let cluster = Cluster {
         seeds: nodes.clone(),
         nodes,
-        _servers: servers,
-    })
+        servers,
+    };
+    cluster.wait_until_ok();
+    cluster
 }
 
-/// Waits until every node reports `cluster_state:ok` and knows all 16384 slots.
-fn wait_for_cluster(nodes: &[String]) {
+/// Waits until `redis-cli CLUSTER INFO` on every node of `ports` reports `cluster_state:ok`
+/// and all 16384 slots (30 s at most).
+fn wait_for_cluster(ports: &[u16]) {
     let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = String::new();
     while Instant::now() < deadline {
-        let ready = nodes.iter().all(|url| {
-            redis::Client::open(url.as_str())
-                .ok()
-                .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(1)).ok())
-                .and_then(|mut c| {
-                    redis::cmd("CLUSTER")
-                        .arg("INFO")
-                        .query::<String>(&mut c)
-                        .ok()
-                })
-                .is_some_and(|info| {
-                    info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
-                })
-        });
+        let mut ready = true;
+        for port in ports {
+            let info = Command::new("redis-cli")
+                .args([
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &port.to_string(),
+                    "CLUSTER",
+                    "INFO",
+                ])
+                .stdin(Stdio::null())
+                .output()
+                .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+                .unwrap_or_default();
+            if !(info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")) {
+                last = format!("port {port}: {info}");
+                ready = false;
+                break;
+            }
+        }
         if ready {
             return;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    panic!("the test cluster never reached cluster_state:ok");
+    panic!("the test cluster never reached cluster_state:ok; last answer from {last}");
 }
 
 /// The primaries of the cluster that `seed` belongs to, as plain URLs.
