@@ -1,6 +1,7 @@
 //! The connection: a reconnecting multiplexed connection to one server, or a Redis Cluster
 //! client; and how Redis errors become [`StoreError`]s.
 
+use std::future::Future;
 use std::time::Duration;
 
 use idem_core::StoreError;
@@ -47,16 +48,20 @@ impl Conn {
     }
 
     /// The nodes to scan, in a stable order: every primary of a Cluster, or the one server.
+    /// Re-sent once after a dropped connection.
     pub(crate) async fn scan_nodes(&mut self) -> Result<Vec<Node>, RedisError> {
         let Conn::Cluster(cluster) = self else {
             return Ok(vec![None]);
         };
-        let slots = cluster
-            .route_command(
-                redis::cmd("CLUSTER").arg("SLOTS").clone(),
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
-            )
-            .await?;
+        let slots = resending(cluster, |mut cluster| async move {
+            cluster
+                .route_command(
+                    redis::cmd("CLUSTER").arg("SLOTS").clone(),
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+                )
+                .await
+        })
+        .await?;
         let mut primaries = primaries_of(&slots).ok_or_else(|| {
             RedisError::from((
                 ErrorKind::Parse,
@@ -68,28 +73,28 @@ impl Conn {
         Ok(primaries.into_iter().map(Some).collect())
     }
 
-    /// Runs `pipeline` (of `count` commands) on `node`.
+    /// Runs `pipeline` (of `count` commands) on `node`; re-sent once after a dropped connection
+    /// (scans send only reads).
     pub(crate) async fn pipeline_on(
         &mut self,
         node: &Node,
         pipeline: Pipeline,
         count: usize,
     ) -> Result<Vec<Value>, RedisError> {
-        match (self, node) {
-            (Conn::Cluster(cluster), Some((host, port))) => {
-                let route = SingleNodeRoutingInfo::ByAddress {
-                    host: host.clone(),
-                    port: *port,
-                };
-                cluster.route_pipeline(pipeline, 0, count, route).await
-            }
-            (conn, _) => pipeline.query_async(conn).await,
-        }
+        resending(self, |conn| {
+            conn.pipeline_once(node, pipeline.clone(), count)
+        })
+        .await
     }
 
-    /// Runs `cmd` on `node`.
+    /// Runs `cmd` on `node`; re-sent once after a dropped connection (scans send only reads).
     pub(crate) async fn command_on(&mut self, node: &Node, cmd: Cmd) -> Result<Value, RedisError> {
-        match (self, node) {
+        resending(self, |conn| conn.command_once(node, cmd.clone())).await
+    }
+
+    /// Sends `cmd`, on a Cluster to `node`.
+    async fn command_once(mut self, node: &Node, cmd: Cmd) -> Result<Value, RedisError> {
+        match (&mut self, node) {
             (Conn::Cluster(cluster), Some((host, port))) => {
                 let route = SingleNodeRoutingInfo::ByAddress {
                     host: host.clone(),
@@ -99,9 +104,57 @@ impl Conn {
                     .route_command(cmd, RoutingInfo::SingleNode(route))
                     .await
             }
-            (conn, _) => cmd.query_async(conn).await,
+            _ => cmd.query_async(&mut self).await,
         }
     }
+
+    /// Sends `pipeline` (of `count` commands), on a Cluster to `node`.
+    async fn pipeline_once(
+        mut self,
+        node: &Node,
+        pipeline: Pipeline,
+        count: usize,
+    ) -> Result<Vec<Value>, RedisError> {
+        match (&mut self, node) {
+            (Conn::Cluster(cluster), Some((host, port))) => {
+                let route = SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                };
+                cluster.route_pipeline(pipeline, 0, count, route).await
+            }
+            _ => pipeline.query_async(&mut self).await,
+        }
+    }
+}
+
+/// Runs `send` on a clone of `conn` and, after a dropped connection ([`resend_after`]), once
+/// more on another clone (clones share the connection). For commands that are safe to send
+/// twice.
+pub(crate) async fn resending<C: Clone, T, F>(
+    conn: &C,
+    send: impl Fn(C) -> F,
+) -> Result<T, RedisError>
+where
+    F: Future<Output = Result<T, RedisError>>,
+{
+    match send(conn.clone()).await {
+        Err(err) if resend_after(&err) => send(conn.clone()).await,
+        other => other,
+    }
+}
+
+/// Whether a command that failed with `err` goes once more: after a dropped connection (the
+/// server closed it: a broken pipe, a reset, an end of stream), on a single server and on a
+/// Cluster alike. Never after a timeout (the command may still be running), a refusal (nothing
+/// listens: a resend would be refused too) or an error the server answered.
+///
+/// The Cluster client retries a dropped connection by itself, but a retry whose node is still
+/// reconnecting goes to another node's connection: after the whole Cluster restarted, those
+/// are dead too, and its retries (three attempts in all) are spent on dead connections while
+/// the reconnections are under way. The resend finds them repaired.
+pub(crate) fn resend_after(err: &RedisError) -> bool {
+    err.is_connection_dropped() && !err.is_timeout() && !err.is_connection_refusal()
 }
 
 impl ConnectionLike for Conn {
@@ -330,5 +383,39 @@ mod tests {
         );
         let other = RedisError::from((ErrorKind::Client, "bad"));
         assert!(!store_error("claim", Duration::from_secs(1), other).is_retryable());
+    }
+
+    /// Sent again after a dropped connection only: not after a timeout, a refusal, or an
+    /// answer of the server.
+    #[test]
+    fn only_a_dropped_connection_is_resent() {
+        let io = |kind: std::io::ErrorKind| RedisError::from(std::io::Error::from(kind));
+        for kind in [
+            std::io::ErrorKind::BrokenPipe,
+            std::io::ErrorKind::ConnectionReset,
+            std::io::ErrorKind::ConnectionAborted,
+            std::io::ErrorKind::UnexpectedEof,
+        ] {
+            assert!(resend_after(&io(kind)), "{kind:?}");
+        }
+        assert!(resend_after(&RedisError::from((
+            ErrorKind::Io,
+            "connection dropped"
+        ))));
+        for kind in [
+            std::io::ErrorKind::TimedOut,
+            std::io::ErrorKind::WouldBlock,
+            std::io::ErrorKind::ConnectionRefused,
+        ] {
+            assert!(!resend_after(&io(kind)), "{kind:?}");
+        }
+        for err in [
+            RedisError::from((ErrorKind::Server(ServerErrorKind::ClusterDown), "down")),
+            RedisError::from((ErrorKind::Server(ServerErrorKind::TryAgain), "again")),
+            RedisError::from((ErrorKind::ClusterConnectionNotFound, "none")),
+            RedisError::from((ErrorKind::Client, "bad")),
+        ] {
+            assert!(!resend_after(&err), "{err:?}");
+        }
     }
 }

@@ -15,7 +15,7 @@ use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
 use crate::codec::{decode_record, encode_result};
 use crate::config::RedisConfig;
-use crate::conn::{Conn, describe, store_error};
+use crate::conn::{Conn, describe, resending, store_error};
 use crate::layout;
 use crate::scripts::{Lua, Reply, SCRIPTS, Scripts};
 
@@ -122,22 +122,19 @@ impl RedisStore {
             .arg(self.redis_key(key))
             .arg(self.offset_arg());
         args(&mut cmd);
-        let mut conn = self.inner.conn.clone();
+        let cmd = &cmd;
+        // A connection found dead (the server, or the whole Cluster, restarted since the last
+        // operation) reconnects, and the script goes again on the new one, so the first
+        // operation after a restart is not failed for a connection that was already gone. Every
+        // script is safe to re-send: a claim carries its owner (the same grant is answered),
+        // the other transitions are no-ops when repeated.
         let parts = self
-            .bounded(op, async move {
-                match send_script(&mut conn, &cmd, lua).await {
-                    // The connection was found dead (the server restarted since the last
-                    // operation): it reconnects, and the script goes again on the new one, so
-                    // the first operation after a restart is not failed for a connection that
-                    // was already gone. Every script is safe to re-send: a claim carries its
-                    // owner (the same grant is answered), the other transitions are no-ops when
-                    // repeated.
-                    Err(err) if resend_after(&conn, &err) => {
-                        send_script(&mut conn, &cmd, lua).await
-                    }
-                    other => other,
-                }
-            })
+            .bounded(
+                op,
+                resending(&self.inner.conn, |mut conn| async move {
+                    send_script(&mut conn, cmd, lua).await
+                }),
+            )
             .await?;
         Ok(Reply { op, parts })
     }
@@ -240,12 +237,6 @@ async fn send_script(conn: &mut Conn, cmd: &Cmd, lua: &Lua) -> Result<Vec<Vec<u8
         }
         other => other,
     }
-}
-
-/// Whether a command that failed with `err` on `conn` goes once more: on a single server, after
-/// a dropped connection (the Cluster client re-sends by itself).
-fn resend_after(conn: &Conn, err: &RedisError) -> bool {
-    matches!(conn, Conn::Single(_)) && err.is_connection_dropped() && !err.is_timeout()
 }
 
 /// A duration for a script, in whole microseconds, clamped to about 31 years.
@@ -382,16 +373,11 @@ impl Store for RedisStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        let mut conn = self.inner.conn.clone();
-        let ping = redis::cmd("PING");
-        self.bounded("ping", async move {
-            match ping.query_async::<Value>(&mut conn).await {
-                Err(err) if resend_after(&conn, &err) => ping.query_async(&mut conn).await,
-                other => other,
-            }
-        })
-        .await
-        .map(drop)
+        // Re-sent after a dropped connection, like every script (see `eval`).
+        let ping = resending(&self.inner.conn, |mut conn| async move {
+            redis::cmd("PING").query_async::<Value>(&mut conn).await
+        });
+        self.bounded("ping", ping).await.map(drop)
     }
 }
 
