@@ -76,7 +76,10 @@
 //! dead (the server restarted since the last operation) reconnects and is sent once more,
 //! within the same command timeout, so the first operations after a restart succeed; every
 //! script is safe to re-send (a claim carries its owner, so a re-sent claim is answered the
-//! same grant). A record that cannot be decoded, or breaks the
+//! same grant). On a Cluster the same holds after the whole Cluster restarted (the client's own
+//! retries are spent on the other nodes' dead connections) and after one node restarted; `ping`
+//! and the reads of a scan are re-sent too. Nothing is re-sent after a timeout, a refused
+//! connection, or an error the server answered. A record that cannot be decoded, or breaks the
 //! record invariants, is [`StoreError::Corrupt`] (never a panic); [`Store::delete`] removes it.
 //!
 //! # Deployment
