@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::RETRY_AFTER;
-use http::{HeaderName, HeaderValue, Request, Response, StatusCode, request};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, request};
 use http_body::Body;
 use http_body_util::BodyExt;
 use idem_core::{
@@ -407,11 +407,18 @@ fn replay<B>(shared: &Shared, record: &Record) -> Response<ResponseBody<B>> {
         }
     };
     let omitted = stored.body.is_none();
-    let mut response = Response::new(
-        stored
-            .body
-            .map_or_else(ResponseBody::empty, ResponseBody::full),
-    );
+    // The stored trailers are the last frame, after the body (or alone, if it was omitted).
+    let trailers = (!stored.trailers.is_empty()).then(|| {
+        let mut trailers = HeaderMap::with_capacity(stored.trailers.len());
+        for (name, value) in stored.trailers {
+            trailers.append(name, value);
+        }
+        trailers
+    });
+    let mut response = Response::new(ResponseBody::collected(
+        stored.body.unwrap_or_default(),
+        trailers,
+    ));
     *response.status_mut() = stored.status;
     let headers = response.headers_mut();
     for (name, value) in stored.headers {
@@ -470,10 +477,20 @@ async fn drive<S, ReqBody, ResBody>(
         // A body of known, moderate size: read it whole, store it, then answer.
         match claim.beating(body.collect()).await {
             Ok(collected) => {
-                // Trailers go to this caller; they are not stored (a replay has none).
+                // The trailers go to this caller and, filtered as headers are, to the record.
                 let trailers = collected.trailers().cloned();
+                let stored_trailers = trailers
+                    .as_ref()
+                    .map(|t| shared.config.storable_headers(t))
+                    .unwrap_or_default();
                 let bytes = collected.to_bytes();
-                let unstored = claim.complete(status, headers, Some(bytes.clone())).await;
+                let response = StoredResponse {
+                    status,
+                    headers,
+                    body: Some(bytes.clone()),
+                    trailers: stored_trailers,
+                };
+                let unstored = claim.complete(response).await;
                 let body = ResponseBody::collected(bytes, trailers);
                 let _ = reply.send(Ok(Response::from_parts(parts, body)));
                 // The caller has its answer; the record is still worth storing.
@@ -497,6 +514,9 @@ async fn drive<S, ReqBody, ResBody>(
     )));
     let mut captured = Some(Vec::new());
     let mut captured_len = 0usize;
+    // Trailers are kept even when the body is over the cap: a replay without its body still
+    // carries them (a gRPC status).
+    let mut trailers = Vec::new();
     let mut body = std::pin::pin!(body);
     while let Some(frame) = claim.beating(body.frame()).await {
         match frame {
@@ -508,6 +528,8 @@ async fn drive<S, ReqBody, ResBody>(
                     } else if let Some(chunks) = captured.as_mut() {
                         chunks.push(data.clone());
                     }
+                } else if let Some(sent) = frame.trailers_ref() {
+                    trailers.extend(shared.config.storable_headers(sent));
                 }
                 // A caller that went away no longer reads: keep going, the record matters.
                 let _ = claim.beating(frames.send(Ok(frame))).await;
@@ -520,7 +542,13 @@ async fn drive<S, ReqBody, ResBody>(
         }
     }
     let body = captured.map(|chunks| Bytes::from(chunks.concat()));
-    if let Some(encoded) = claim.complete(status, headers, body).await {
+    let response = StoredResponse {
+        status,
+        headers,
+        body,
+        trailers,
+    };
+    if let Some(encoded) = claim.complete(response).await {
         claim.retry_complete(encoded).await;
     }
 }
@@ -612,23 +640,14 @@ impl Claim {
         }
     }
 
-    /// Stores the response (without its body if it is over the cap). When the store fails with
-    /// a retryable error (it is down, or slow), returns the encoded response for
-    /// [`Claim::retry_complete`]: a record left in flight would let a retry after the lease run
-    /// the handler again.
-    async fn complete(
-        &mut self,
-        status: StatusCode,
-        headers: Vec<(HeaderName, HeaderValue)>,
-        body: Option<Bytes>,
-    ) -> Option<Bytes> {
+    /// Stores the response (without its body if it is over the cap; its status, headers and
+    /// trailers are kept). When the store fails with a retryable error (it is down, or slow),
+    /// returns the encoded response for [`Claim::retry_complete`]: a record left in flight
+    /// would let a retry after the lease run the handler again.
+    async fn complete(&mut self, mut stored: StoredResponse) -> Option<Bytes> {
         self.settle();
         let config = &self.shared.config;
-        let mut stored = StoredResponse {
-            status,
-            headers,
-            body,
-        };
+        let status = stored.status;
         let mut encoded = codec::encode(&stored);
         if encoded.len() > config.storage_cap || stored.body.is_none() {
             stored.body = None;
@@ -644,7 +663,7 @@ impl Claim {
             )
             .await;
         if matches!(result, Err(StoreError::TooLarge { .. })) && stored.body.is_some() {
-            // The store takes less than the cap: keep status and headers at least.
+            // The store takes less than the cap: keep status, headers and trailers at least.
             stored.body = None;
             metrics::increment(metrics::key!(metrics::OMITTED));
             encoded = codec::encode(&stored);

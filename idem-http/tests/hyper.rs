@@ -1,5 +1,6 @@
-//! The layer in plain hyper 1: a `service_fn` served by `hyper::server::conn::http1` through
-//! hyper-util's `TowerToHyperService`, called over 127.0.0.1:0 with a real client.
+//! The layer in plain hyper 1: a `service_fn` served by `hyper::server::conn::http1` (and
+//! `http2`, for trailers) through hyper-util's `TowerToHyperService`, called over 127.0.0.1:0
+//! with a real client.
 //!
 //! hyper's `Incoming` cannot be built from bytes, and the layer hands the handler the body it
 //! read as a `ReqBody::from(bytes)`: the request body is mapped, on the way in, into a type that
@@ -126,6 +127,80 @@ async fn the_layer_serves_a_plain_hyper_service_fn() {
     let (other, _) = send("\"h\"", "99 EUR").await;
     assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(other.headers["content-type"], "application/problem+json");
+    assert_eq!(counter.load(Ordering::SeqCst), 1);
+    server.abort();
+}
+
+/// Over real HTTP/2 (where trailers travel as a last HEADERS frame), a handler's trailers
+/// reach the first caller and, stored with the response, the caller of a replay.
+#[tokio::test]
+async fn a_replay_over_http2_carries_the_trailers() {
+    let counter = Arc::new(AtomicU64::new(0));
+    let runs = counter.clone();
+    let handler = tower::service_fn(move |_: Request<Either>| {
+        let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+            trailers.insert("x-run", http::HeaderValue::from(n));
+            let body = Full::new(Bytes::from_static(b"paid"))
+                .with_trailers(async move { Some(Ok::<_, Infallible>(trailers)) });
+            Ok::<_, hyper::Error>(Response::new(body))
+        }
+    });
+    let service = ServiceBuilder::new()
+        .map_request(|request: Request<Incoming>| request.map(Either::Incoming))
+        .layer(IdempotencyLayer::new(MemoryStore::new()))
+        .service(handler);
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let service = TowerToHyperService::new(service.clone());
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let send = || {
+        let request = Request::post(format!("http://{addr}/pay"))
+            .header("idempotency-key", "\"h2\"")
+            .body(Full::new(Bytes::from_static(b"10 EUR")))
+            .unwrap();
+        let client = client.clone();
+        async move {
+            let response = client.request(request).await.unwrap();
+            assert_eq!(response.version(), http::Version::HTTP_2);
+            let (parts, body) = response.into_parts();
+            let collected = body.collect().await.unwrap();
+            let trailers = collected.trailers().cloned();
+            (parts, collected.to_bytes(), trailers)
+        }
+    };
+    let (first, first_body, first_trailers) = send().await;
+    assert!(first.headers.get("idempotent-replayed").is_none());
+    assert_eq!(first_body, "paid");
+    let first_trailers = first_trailers.expect("the first caller's trailers");
+    assert_eq!(first_trailers["grpc-status"], "0");
+    assert_eq!(first_trailers["x-run"], "1");
+
+    let (replay, replay_body, replay_trailers) = send().await;
+    assert_eq!(replay.headers["idempotent-replayed"], "true");
+    assert_eq!(replay_body, "paid");
+    let replay_trailers = replay_trailers.expect("the replay's trailers");
+    assert_eq!(replay_trailers["grpc-status"], "0");
+    assert_eq!(
+        replay_trailers["x-run"], "1",
+        "not the first run's trailers"
+    );
     assert_eq!(counter.load(Ordering::SeqCst), 1);
     server.abort();
 }

@@ -1,6 +1,6 @@
 //! The layer used as a library, through tower calls (no network): axum's `Router::layer`,
-//! `route_layer` and nested routers, a plain `service_fn`, extreme settings, response trailers,
-//! a storm of one key, a heartbeat that keeps a short lease, a streamed response over the
+//! `route_layer` and nested routers, a plain `service_fn`, extreme settings, response trailers
+//! (stored and replayed, streamed or not, with or without the body), a storm of one key, a heartbeat that keeps a short lease, a streamed response over the
 //! storage cap, and the axum extractor without the layer.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -87,7 +87,8 @@ async fn a_store_retry_after_of_duration_max_is_a_503() {
 }
 
 /// A handler whose body has a known length and trailers (`grpc-status`, a checksum): the
-/// layer reads the body whole to store it, and the first caller still gets the trailers.
+/// layer reads the body whole to store it, the first caller still gets the trailers, and so
+/// does a replay.
 #[tokio::test]
 async fn the_first_caller_gets_the_trailers_of_a_body_of_known_length() {
     let handler = tower::service_fn(|_: Request<Full<Bytes>>| async {
@@ -118,10 +119,136 @@ async fn the_first_caller_gets_the_trailers_of_a_body_of_known_length() {
     );
     let replay = service.oneshot(request()).await.unwrap();
     assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    let collected = replay.into_body().collect().await.unwrap();
+    let trailers = collected.trailers().cloned();
+    assert_eq!(collected.to_bytes(), "data");
     assert_eq!(
-        replay.into_body().collect().await.unwrap().to_bytes(),
-        "data"
+        trailers.as_ref().and_then(|t| t.get("grpc-status")),
+        Some(&http::HeaderValue::from_static("0")),
+        "the replay has no trailers"
     );
+}
+
+/// Data frames, then one trailers frame, of unknown length (the layer streams it).
+struct WithTrailers {
+    frames: std::collections::VecDeque<http_body::Frame<Bytes>>,
+}
+
+impl WithTrailers {
+    /// `chunks` data frames of 1000 bytes, then the trailers `x-checksum: abc`, `grpc-status:
+    /// 0` and `set-cookie: s=1`.
+    fn new(chunks: u32) -> Self {
+        let mut frames: std::collections::VecDeque<_> = (0..chunks)
+            .map(|n| http_body::Frame::data(Bytes::from(format!("{n:0>1000}"))))
+            .collect();
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("x-checksum", http::HeaderValue::from_static("abc"));
+        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+        trailers.insert("set-cookie", http::HeaderValue::from_static("s=1"));
+        frames.push_back(http_body::Frame::trailers(trailers));
+        WithTrailers { frames }
+    }
+}
+
+impl http_body::Body for WithTrailers {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        std::task::Poll::Ready(self.frames.pop_front().map(Ok))
+    }
+}
+
+/// A layer with `config` over a handler that answers `WithTrailers::new(chunks)`, counted.
+fn trailers_app(
+    counter: &Arc<AtomicU64>,
+    chunks: u32,
+    config: Config,
+) -> impl tower::Service<
+    Request<Full<Bytes>>,
+    Response = Response<idem_http::ResponseBody<WithTrailers>>,
+    Error = Infallible,
+> + Clone {
+    let counter = counter.clone();
+    let handler = tower::service_fn(move |_: Request<Full<Bytes>>| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async move { Ok::<_, Infallible>(Response::new(WithTrailers::new(chunks))) }
+    });
+    tower::ServiceBuilder::new()
+        .layer(IdempotencyLayer::with_config(MemoryStore::new(), config))
+        .service(handler)
+}
+
+fn keyed(key: &str) -> Request<Full<Bytes>> {
+    Request::post("/")
+        .header("idempotency-key", key)
+        .body(Full::new(Bytes::new()))
+        .unwrap()
+}
+
+/// A streamed body ending in trailers: the first caller gets them as sent, the record keeps
+/// them filtered as headers are (no `Set-Cookie`), and a replay ends with them.
+#[tokio::test]
+async fn a_streamed_body_with_trailers_is_replayed_with_them() {
+    let counter = Arc::new(AtomicU64::new(0));
+    let app = trailers_app(&counter, 3, Config::default());
+    let first = app.clone().oneshot(keyed("\"s\"")).await.unwrap();
+    assert_eq!(outcome_of(&first), Some(Outcome::Executed));
+    let collected = first.into_body().collect().await.unwrap();
+    let trailers = collected
+        .trailers()
+        .cloned()
+        .expect("the first caller's trailers");
+    assert_eq!(collected.to_bytes().len(), 3000);
+    assert_eq!(trailers["x-checksum"], "abc");
+    assert_eq!(trailers["set-cookie"], "s=1");
+
+    let replay = app.oneshot(keyed("\"s\"")).await.unwrap();
+    assert_eq!(outcome_of(&replay), Some(Outcome::Replayed));
+    let collected = replay.into_body().collect().await.unwrap();
+    let trailers = collected
+        .trailers()
+        .cloned()
+        .expect("the replay's trailers");
+    assert_eq!(collected.to_bytes().len(), 3000);
+    assert_eq!(trailers["x-checksum"], "abc");
+    assert_eq!(trailers["grpc-status"], "0");
+    assert!(
+        trailers.get("set-cookie").is_none(),
+        "Set-Cookie was stored"
+    );
+    assert_eq!(counter.load(Ordering::SeqCst), 1);
+}
+
+/// A streamed body over the storage cap is replayed without its body, but with its trailers
+/// (a gRPC status stays a status).
+#[tokio::test]
+async fn a_replay_of_an_omitted_body_keeps_its_trailers() {
+    let counter = Arc::new(AtomicU64::new(0));
+    let config = Config::builder()
+        .storage_cap(NonZeroUsize::new(256).unwrap())
+        .build()
+        .unwrap();
+    let app = trailers_app(&counter, 100, config);
+    let first = app.clone().oneshot(keyed("\"o\"")).await.unwrap();
+    let collected = first.into_body().collect().await.unwrap();
+    assert_eq!(collected.trailers().unwrap()["grpc-status"], "0");
+    assert_eq!(collected.to_bytes().len(), 100_000);
+
+    let replay = app.oneshot(keyed("\"o\"")).await.unwrap();
+    assert_eq!(replay.headers()["idempotency-replay"], "omitted");
+    let collected = replay.into_body().collect().await.unwrap();
+    let trailers = collected
+        .trailers()
+        .cloned()
+        .expect("the replay's trailers");
+    assert!(collected.to_bytes().is_empty());
+    assert_eq!(trailers["grpc-status"], "0");
+    assert_eq!(trailers["x-checksum"], "abc");
+    assert_eq!(counter.load(Ordering::SeqCst), 1);
 }
 
 /// One layer (one store) on two routers nested under different prefixes: each sees `POST /`,
