@@ -12,7 +12,7 @@
 //! | retention | 24 h |
 //! | request body limit | 1 MiB (413 above it) |
 //! | response storage cap | 1 MiB, encoded and compressed |
-//! | headers never stored | hop-by-hop, `Content-Length`, `Date`, `Set-Cookie`, `WWW-Authenticate`, `Proxy-Authenticate` |
+//! | headers (and trailers) never stored | hop-by-hop, `Content-Length`, `Date`, `Set-Cookie`, `WWW-Authenticate`, `Proxy-Authenticate` |
 //! | 5xx | released, not stored |
 //! | store down | fail closed (503 + `Retry-After: 1`) |
 //! | wait mode | off (409 while the original is in flight) |
@@ -292,8 +292,9 @@ impl Config {
         }
     }
 
-    /// Whether a response header named `name` may be stored and replayed. Headers named in the
-    /// response's `Connection` header are dropped as well, by the layer.
+    /// Whether a response header (or trailer) named `name` may be stored and replayed. Headers
+    /// named in the response's `Connection` header are dropped as well, by the layer.
+    /// Trailers go through the same lists as headers.
     #[must_use]
     pub fn stores_header(&self, name: &HeaderName) -> bool {
         !HOP_BY_HOP.contains(name) && !self.denied.contains(name)
@@ -458,7 +459,7 @@ impl ConfigBuilder {
         self
     }
 
-    /// Never store the response header `name`.
+    /// Never store the response header (or trailer) `name`.
     ///
     /// # Errors
     /// [`ConfigError::InvalidHeaderName`].
@@ -470,8 +471,9 @@ impl ConfigBuilder {
         Ok(self)
     }
 
-    /// Store the response header `name` after all (`Set-Cookie`, `Date`, `WWW-Authenticate` or
-    /// `Proxy-Authenticate`, which are not stored by default, or one denied before).
+    /// Store the response header (or trailer) `name` after all (`Set-Cookie`, `Date`,
+    /// `WWW-Authenticate` or `Proxy-Authenticate`, which are not stored by default, or one
+    /// denied before).
     ///
     /// # Errors
     /// [`ConfigError::InvalidHeaderName`]; [`ConfigError::NeverStored`] for a hop-by-hop header

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::RETRY_AFTER;
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, request};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, request};
 use http_body::Body;
 use http_body_util::BodyExt;
 use idem_core::{
