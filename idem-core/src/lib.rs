@@ -57,7 +57,10 @@ pub use error::{BoxError, RedactedError, Rejection, StoreError};
 pub use fingerprint::{Fingerprint, FingerprintBuilder, ParseFingerprintError};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN, RecordKey, Scope};
 pub use record::{Failure, ParseStateError, Record, State};
-pub use store::{ClaimOutcome, ClaimRequest, Lease, ScanPage, ScanQuery, Store, StoreStats};
+pub use store::{
+    ClaimOutcome, ClaimRequest, Lease, ScanEntry, ScanPage, ScanQuery, Store, StoreStats,
+    UnreadableRecord,
+};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp, duration_micros, saturating_deadline};
 pub use token::{Fence, OwnerToken, ParseOwnerTokenError};
 

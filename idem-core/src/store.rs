@@ -181,15 +181,169 @@ impl ScanQuery {
         self.state.is_none_or(|state| record.state == state)
             && self.min_age.is_none_or(|age| record.age(now) >= age)
     }
+
+    /// Whether a readable `record` belongs on a page at `now`: it has not expired and passes
+    /// the filters.
+    #[must_use]
+    pub fn keeps(&self, record: &Record, now: Timestamp) -> bool {
+        !record.is_expired(now) && self.matches(record, now)
+    }
+
+    /// The step of every store's scan for one stored record, "decode or report": what the page
+    /// gets of it. `read` is the store's reading of the record (`Ok(None)`: no record there),
+    /// `key` its key where the store could read it, `now` the store time of the reading.
+    ///
+    /// - A record that passes [`Record::validate`] and [`ScanQuery::keeps`]:
+    ///   `Some(ScanEntry::Record)`; one that has expired or that the filters leave out, or no
+    ///   record: `None`.
+    /// - A [`StoreError::Corrupt`], of the reading or of `validate`:
+    ///   `Some(ScanEntry::Unreadable)`, whatever the filters and expiry, which cannot be told
+    ///   on a record that cannot be read. (A store may apply a filter before reading the
+    ///   record, on what it can read without it: see [`ScanPage::unreadable`].)
+    ///
+    /// # Errors
+    /// Any other error of `read` (the store failed, not the record): the page fails with it.
+    pub fn entry(
+        &self,
+        key: Option<&RecordKey>,
+        read: Result<Option<Record>, StoreError>,
+        now: Timestamp,
+    ) -> Result<Option<ScanEntry>, StoreError> {
+        let checked = read.and_then(|record| match record {
+            Some(record) => record.validate().map(|()| Some(record)),
+            None => Ok(None),
+        });
+        match checked {
+            Ok(record) => Ok(record
+                .filter(|record| self.keeps(record, now))
+                .map(ScanEntry::Record)),
+            Err(err) => UnreadableRecord::from_error(err, key)
+                .map(|unreadable| Some(ScanEntry::Unreadable(unreadable))),
+        }
+    }
 }
 
-/// One page of a scan.
+/// A stored record that a scan could not read: it cannot be decoded, or it breaks the record
+/// invariants (what every other operation on it answers with [`StoreError::Corrupt`]). A scan
+/// reports it in [`ScanPage::unreadable`] instead of failing the page, so an operator can list
+/// the keys, see it and delete it ([`Store::delete`] removes it like any record).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UnreadableRecord {
+    /// The record's key as the store holds it, as text (lossy where it is not UTF-8): what a
+    /// [`StoreError::Corrupt`] about it names. Its form is the store's: `scope/key` (or `key`
+    /// in no scope) for the memory, redb and PostgreSQL stores, the Redis key (which holds a
+    /// digest of the key, not the key) for Redis.
+    pub stored_key: String,
+    /// The record's key, where the store could read it: what [`Store::get`] and
+    /// [`Store::delete`] take. `None` where the store knows only [`UnreadableRecord::stored_key`]
+    /// (a Redis key, a stored key that breaks the key rules).
+    pub key: Option<RecordKey>,
+    /// What is wrong with the record (the reason of the [`StoreError::Corrupt`]).
+    pub reason: String,
+}
+
+impl UnreadableRecord {
+    /// The record held at `stored_key`, unreadable for `reason`; its [`RecordKey`] unknown.
+    #[must_use]
+    pub fn new(stored_key: impl Into<String>, reason: impl Into<String>) -> Self {
+        UnreadableRecord {
+            stored_key: stored_key.into(),
+            key: None,
+            reason: reason.into(),
+        }
+    }
+
+    /// The same, with the record's key known.
+    #[must_use]
+    pub fn with_key(mut self, key: RecordKey) -> Self {
+        self.key = Some(key);
+        self
+    }
+
+    /// The unreadable record a [`StoreError::Corrupt`] names, with its key where the store
+    /// knows it.
+    ///
+    /// # Errors
+    /// `err` itself when it is not [`StoreError::Corrupt`].
+    pub fn from_error(err: StoreError, key: Option<&RecordKey>) -> Result<Self, StoreError> {
+        match err {
+            StoreError::Corrupt { key: stored, reason } => Ok(UnreadableRecord {
+                stored_key: stored,
+                key: key.cloned(),
+                reason,
+            }),
+            other => Err(other),
+        }
+    }
+}
+
+/// One entry of a scan page, as a store meets it: a record, or one it could not read. See
+/// [`ScanQuery::entry`] and [`ScanPage::push`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ScanEntry {
+    /// A readable record.
+    Record(Record),
+    /// A record the store could not read.
+    Unreadable(UnreadableRecord),
+}
+
+/// One page of a scan: the records read, and the records that could not be read.
+///
+/// The page's limit ([`ScanQuery::page_size`]) counts both, so a page of only unreadable
+/// records still moves the cursor on, and a scan of a store full of them ends.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ScanPage {
     /// The records of this page.
     pub records: Vec<Record>,
+    /// The records of this page that the store could not read (corrupt): reported here, beside
+    /// the readable ones, instead of failing the page with [`StoreError::Corrupt`]. Always
+    /// empty for a store that cannot hold one.
+    ///
+    /// The filters of the query are applied to what the store can read: a filter a store
+    /// evaluates before reading the record (PostgreSQL's state and age columns and expiry,
+    /// the meta field of a Redis record when it is readable) leaves out an unreadable record
+    /// like any other; a filter that cannot be evaluated on it does not leave it out. So an
+    /// unfiltered scan ([`ScanQuery::all`]) reports every unreadable record, and a filtered one
+    /// may report some that the filter would have left out.
+    pub unreadable: Vec<UnreadableRecord>,
     /// The cursor of the next page; `None` at the end.
     pub next_cursor: Option<String>,
+}
+
+impl ScanPage {
+    /// A page of `entries`, followed by the page at `next_cursor` (`None`: the last page).
+    #[must_use]
+    pub fn new(entries: impl IntoIterator<Item = ScanEntry>, next_cursor: Option<String>) -> Self {
+        let mut page = ScanPage {
+            next_cursor,
+            ..ScanPage::default()
+        };
+        entries.into_iter().for_each(|entry| page.push(entry));
+        page
+    }
+
+    /// Adds `entry` to the page.
+    pub fn push(&mut self, entry: ScanEntry) {
+        match entry {
+            ScanEntry::Record(record) => self.records.push(record),
+            ScanEntry::Unreadable(unreadable) => self.unreadable.push(unreadable),
+        }
+    }
+
+    /// The entries of the page, readable or not: what the query's limit counts.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.records.len() + self.unreadable.len()
+    }
+
+    /// Whether the page has no entry at all.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty() && self.unreadable.is_empty()
+    }
 }
 
 /// What a store holds, as far as it knows without reading its records: the `stats` of the
@@ -263,7 +417,13 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// Removes the record at `key` (an operator's action); `true` if there was one.
     async fn delete(&self, key: &RecordKey) -> Result<bool, StoreError>;
 
-    /// Lists records by state and age, a page at a time.
+    /// Lists records by state and age, a page at a time. A record the store cannot read does
+    /// not fail the page: it is reported in [`ScanPage::unreadable`] (see there how filters
+    /// apply to it), and counts against the page's limit.
+    ///
+    /// # Errors
+    /// The store's failures (unreachable, timed out, an invalid cursor); never
+    /// [`StoreError::Corrupt`] for a record.
     async fn scan(&self, query: &ScanQuery) -> Result<ScanPage, StoreError>;
 
     /// Checks that the store answers (for a readiness probe). The default reads one key that
@@ -387,5 +547,93 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn stats(&self) -> Option<StoreStats> {
         (**self).stats()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::{self, Write};
+    use crate::token::Fence;
+
+    fn in_flight(name: &str, now: Timestamp) -> Record {
+        let key = RecordKey::unscoped(IdempotencyKey::new(name).unwrap());
+        let request = ClaimRequest::new(key, Fingerprint::of(&[b"x"]), Duration::from_secs(30));
+        let step = machine::claim(None, &request, now, Fence::MIN, OwnerToken::random()).unwrap();
+        let Write::Put(record) = step.write else {
+            panic!("a claim writes its record")
+        };
+        record
+    }
+
+    #[test]
+    fn an_entry_is_a_record_nothing_or_an_unreadable_one() {
+        let now = Timestamp::from_micros(1_000_000_000);
+        let all = ScanQuery::all();
+        let record = in_flight("k", now);
+        let key = record.key.clone();
+        assert_eq!(
+            all.entry(Some(&key), Ok(Some(record.clone())), now).unwrap(),
+            Some(ScanEntry::Record(record.clone()))
+        );
+        assert_eq!(all.entry(Some(&key), Ok(None), now).unwrap(), None);
+        // Filtered out, or expired: nothing.
+        let completed = ScanQuery::all().with_state(State::Completed);
+        let entry = completed.entry(Some(&key), Ok(Some(record.clone())), now);
+        assert_eq!(entry.unwrap(), None);
+        let later = Timestamp::from_micros(now.as_micros() + 3_600_000_000);
+        assert_eq!(
+            all.entry(Some(&key), Ok(Some(record.clone())), later)
+                .unwrap(),
+            None
+        );
+
+        // A record that breaks the invariants is reported whatever the filters.
+        let mut broken = record.clone();
+        broken.state = State::Completed;
+        let entry = completed.entry(Some(&key), Ok(Some(broken)), later).unwrap();
+        let Some(ScanEntry::Unreadable(unreadable)) = entry else {
+            panic!("not reported: {entry:?}")
+        };
+        assert_eq!(unreadable.stored_key, "k");
+        assert_eq!(unreadable.key, Some(key.clone()));
+        assert_eq!(unreadable.reason, "a completed record has no result");
+
+        // A reading that is Corrupt names the record as the store holds it.
+        let corrupt = StoreError::Corrupt {
+            key: "idem:{ns::digest}".to_owned(),
+            reason: "garbled".to_owned(),
+        };
+        let entry = all.entry(None, Err(corrupt), now).unwrap();
+        assert_eq!(
+            entry,
+            Some(ScanEntry::Unreadable(UnreadableRecord::new(
+                "idem:{ns::digest}",
+                "garbled"
+            )))
+        );
+        // Any other error fails the page.
+        let down = all.entry(Some(&key), Err(StoreError::unavailable("down")), now);
+        assert!(matches!(down, Err(StoreError::Unavailable { .. })));
+    }
+
+    #[test]
+    fn a_page_counts_both_kinds_of_entry() {
+        let now = Timestamp::from_micros(1_000_000_000);
+        let record = in_flight("k", now);
+        let unreadable = UnreadableRecord::new("b", "garbled").with_key(record.key.clone());
+        let page = ScanPage::new(
+            [
+                ScanEntry::Unreadable(unreadable.clone()),
+                ScanEntry::Record(record.clone()),
+            ],
+            Some("c".to_owned()),
+        );
+        assert_eq!(page.records, vec![record]);
+        assert_eq!(page.unreadable, vec![unreadable]);
+        assert_eq!(page.len(), 2);
+        assert!(!page.is_empty());
+        assert_eq!(page.next_cursor.as_deref(), Some("c"));
+        assert!(ScanPage::default().is_empty());
     }
 }
