@@ -268,7 +268,10 @@ impl UnreadableRecord {
     /// `err` itself when it is not [`StoreError::Corrupt`].
     pub fn from_error(err: StoreError, key: Option<&RecordKey>) -> Result<Self, StoreError> {
         match err {
-            StoreError::Corrupt { key: stored, reason } => Ok(UnreadableRecord {
+            StoreError::Corrupt {
+                key: stored,
+                reason,
+            } => Ok(UnreadableRecord {
                 stored_key: stored,
                 key: key.cloned(),
                 reason,
@@ -573,7 +576,8 @@ mod tests {
         let record = in_flight("k", now);
         let key = record.key.clone();
         assert_eq!(
-            all.entry(Some(&key), Ok(Some(record.clone())), now).unwrap(),
+            all.entry(Some(&key), Ok(Some(record.clone())), now)
+                .unwrap(),
             Some(ScanEntry::Record(record.clone()))
         );
         assert_eq!(all.entry(Some(&key), Ok(None), now).unwrap(), None);
@@ -591,7 +595,9 @@ mod tests {
         // A record that breaks the invariants is reported whatever the filters.
         let mut broken = record.clone();
         broken.state = State::Completed;
-        let entry = completed.entry(Some(&key), Ok(Some(broken)), later).unwrap();
+        let entry = completed
+            .entry(Some(&key), Ok(Some(broken)), later)
+            .unwrap();
         let Some(ScanEntry::Unreadable(unreadable)) = entry else {
             panic!("not reported: {entry:?}")
         };

@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::machine::{self, LeasePolicy, Step};
 use idem_core::{
-    Bytes, ClaimOutcome, ClaimRequest, Clock, Failure, Fence, Lease, Record, RecordKey, ScanPage,
-    ScanQuery, Store, StoreError, StoreStats, SystemClock, Timestamp,
+    Bytes, ClaimOutcome, ClaimRequest, Clock, Failure, Fence, Lease, Record, RecordKey, ScanEntry,
+    ScanPage, ScanQuery, Store, StoreError, StoreStats, SystemClock, Timestamp,
 };
 
 use crate::hashed::HashedKey;
@@ -438,17 +438,23 @@ impl Store for MemoryStore {
 
     async fn scan(&self, query: &ScanQuery) -> Result<ScanPage, StoreError> {
         let now = self.inner.clock.now();
-        let mut found: Vec<(String, Record)> = Vec::new();
+        let mut found: Vec<(String, ScanEntry)> = Vec::new();
         for shard in self.inner.shards.iter() {
             let shard = lock(shard);
             for record in shard.records() {
-                record.validate()?;
-                if record.is_expired(now) || !query.matches(record, now) {
+                // Only what the page may take is cloned; a broken record (one `put_raw`
+                // restored) is reported as unreadable.
+                if record.validate().is_ok() && !query.keeps(record, now) {
                     continue;
                 }
                 let cursor = record.key.digest_hex();
-                if query.cursor.as_ref().is_none_or(|after| cursor > *after) {
-                    found.push((cursor, record.clone()));
+                if query.cursor.as_ref().is_some_and(|after| cursor <= *after) {
+                    continue;
+                }
+                if let Some(entry) =
+                    query.entry(Some(&record.key), Ok(Some(record.clone())), now)?
+                {
+                    found.push((cursor, entry));
                 }
             }
         }
@@ -456,10 +462,10 @@ impl Store for MemoryStore {
         let limit = query.page_size();
         let next_cursor = (found.len() > limit).then(|| found[limit - 1].0.clone());
         found.truncate(limit);
-        Ok(ScanPage {
-            records: found.into_iter().map(|(_, record)| record).collect(),
+        Ok(ScanPage::new(
+            found.into_iter().map(|(_, entry)| entry),
             next_cursor,
-        })
+        ))
     }
 
     /// The records held, and their bytes where the store has a byte budget.

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use idem_core::{
     Bytes, ClaimOutcome, ClaimRequest, Failure, Fingerprint, IdempotencyKey, Lease, Record,
-    RecordKey, Rejection, ScanQuery, Scope, State, Store, StoreError,
+    RecordKey, Rejection, ScanQuery, Scope, State, Store, StoreError, UnreadableRecord,
 };
 
 use crate::Harness;
@@ -808,20 +808,27 @@ pub async fn scan_filters_by_state_and_age(h: &impl Harness) {
     assert_eq!(keys(scan_all(&*store, &query).await), completed, "by age");
 }
 
-/// Every page of a scan.
+/// The records of every page of a scan.
 pub async fn scan_all(store: &dyn Store, query: &ScanQuery) -> Vec<Record> {
+    scan_entries(store, query).await.0
+}
+
+/// Every page of a scan: its records, and the records it reported unreadable. Checks that no
+/// page is over its limit, which counts both.
+pub async fn scan_entries(
+    store: &dyn Store,
+    query: &ScanQuery,
+) -> (Vec<Record>, Vec<UnreadableRecord>) {
     let mut query = query.clone();
-    let mut out = Vec::new();
+    let (mut records, mut unreadable) = (Vec::new(), Vec::new());
     for _ in 0..10_000 {
         let page = store.scan(&query).await.expect("scan");
-        assert!(
-            page.records.len() <= query.page_size(),
-            "page over its limit"
-        );
-        out.extend(page.records);
+        assert!(page.len() <= query.page_size(), "page over its limit");
+        records.extend(page.records);
+        unreadable.extend(page.unreadable);
         match page.next_cursor {
             Some(cursor) => query.cursor = Some(cursor),
-            None => return out,
+            None => return (records, unreadable),
         }
     }
     panic!("scan never ended")
@@ -875,6 +882,87 @@ pub async fn corrupt_record_is_reported_not_panicked(h: &impl Harness) {
     corrupt("release", store.release(&lease).await.err());
     store.delete(&k).await.expect("delete of a corrupt record");
     acquire(&*store, &request(&k, "a")).await;
+}
+
+/// One corrupt record does not stop a scan: over a store holding one among readable records,
+/// a scan returns every readable record and reports the corrupt one in
+/// [`ScanPage::unreadable`](idem_core::ScanPage::unreadable), exactly once, with pages of every
+/// size (the limit counts it: a page of it alone moves the cursor on). A filtered scan still
+/// answers, with every readable record that matches. `get` of the corrupt record still answers
+/// `Corrupt`, and `delete` removes it.
+pub async fn scan_reports_a_corrupt_record_beside_the_readable_ones(h: &impl Harness) {
+    let store = h.store();
+    let mut completed = HashSet::new();
+    for i in 0..4 {
+        let k = key(&format!("scan-ok-{i}"));
+        let lease = acquire(&*store, &request(&k, "a")).await;
+        store
+            .complete(&lease, Bytes::new(), RETENTION)
+            .await
+            .expect("complete");
+        completed.insert(k);
+    }
+    let held = key("scan-held");
+    acquire(&*store, &request(&held, "a")).await;
+    let mut readable = completed.clone();
+    readable.insert(held);
+    let bad = key("scan-corrupt");
+    acquire(&*store, &request(&bad, "a")).await;
+    h.corrupt(&bad).await;
+
+    let keys = |records: &[Record]| {
+        records
+            .iter()
+            .map(|r| r.key.clone())
+            .collect::<HashSet<_>>()
+    };
+    for limit in [1, 2, 3, ScanQuery::DEFAULT_LIMIT] {
+        let (records, unreadable) =
+            scan_entries(&*store, &ScanQuery::all().with_limit(limit)).await;
+        assert_eq!(
+            keys(&records),
+            readable,
+            "limit {limit}: every readable record"
+        );
+        assert_eq!(
+            records.len(),
+            readable.len(),
+            "limit {limit}: a record twice"
+        );
+        assert_eq!(
+            unreadable.len(),
+            1,
+            "limit {limit}: the corrupt record, once: {unreadable:?}"
+        );
+        let unreadable = &unreadable[0];
+        assert!(!unreadable.stored_key.is_empty(), "{unreadable:?}");
+        assert!(!unreadable.reason.is_empty(), "{unreadable:?}");
+        if let Some(named) = &unreadable.key {
+            assert_eq!(named, &bad, "the unreadable record names another key");
+        }
+    }
+    // A filter the corrupt record may or may not be judged by: the readable records it keeps
+    // are all there, and the corrupt one is reported at most once.
+    let query = ScanQuery::all().with_state(State::Completed).with_limit(2);
+    let (records, unreadable) = scan_entries(&*store, &query).await;
+    assert_eq!(keys(&records), completed, "a filtered scan");
+    assert!(unreadable.len() <= 1, "{unreadable:?}");
+
+    match store.get(&bad).await {
+        Err(StoreError::Corrupt { .. }) => {}
+        other => panic!("get of the corrupt record: expected Corrupt, got {other:?}"),
+    }
+    store
+        .delete(&bad)
+        .await
+        .expect("delete of a corrupt record");
+    assert!(store.get(&bad).await.expect("get after delete").is_none());
+    let (records, unreadable) = scan_entries(&*store, &ScanQuery::all().with_limit(2)).await;
+    assert_eq!(keys(&records), readable, "after the delete");
+    assert!(
+        unreadable.is_empty(),
+        "deleted, still reported: {unreadable:?}"
+    );
 }
 
 /// The hammer: 64 tasks over 1,000 keys with random delays: exactly one execution per key, and

@@ -75,6 +75,7 @@ macro_rules! store_conformance {
             scan_filters_by_state_and_age,
             scopes_are_isolated,
             corrupt_record_is_reported_not_panicked,
+            scan_reports_a_corrupt_record_beside_the_readable_ones,
             hammer_counts_one_execution_per_key,
             ping_answers,
         );
