@@ -811,31 +811,33 @@ impl Store for RedbStore {
             }
             .map_err(storage)?;
             let limit = query.page_size();
-            let mut page = Vec::new();
-            let mut next_cursor = None;
+            let mut page = ScanPage::default();
+            let mut last: Option<Vec<u8>> = None;
             for entry in range {
                 let (raw_key, raw) = entry.map_err(storage)?;
                 let raw_key = raw_key.value();
                 if after.as_deref() == Some(raw_key) {
                     continue;
                 }
-                let key = codec::decode_key(raw_key)?;
-                let record = codec::decode_record(&key, raw.value())?;
-                if record.is_expired(now) || !query.matches(&record, now) {
+                // A record that cannot be decoded (nor its key) is reported, not an error.
+                let (key, read) = match codec::decode_key(raw_key) {
+                    Ok(key) => {
+                        let read = codec::decode_record(&key, raw.value()).map(Some);
+                        (Some(key), read)
+                    }
+                    Err(err) => (None, Err(err)),
+                };
+                let Some(entry) = query.entry(key.as_ref(), read, now)? else {
                     continue;
-                }
+                };
                 if page.len() == limit {
-                    next_cursor = page
-                        .last()
-                        .map(|(k, _): &(Vec<u8>, Record)| encode_cursor(k));
+                    page.next_cursor = last.as_deref().map(encode_cursor);
                     break;
                 }
-                page.push((raw_key.to_vec(), record));
+                page.push(entry);
+                last = Some(raw_key.to_vec());
             }
-            Ok(ScanPage {
-                records: page.into_iter().map(|(_, record)| record).collect(),
-                next_cursor,
-            })
+            Ok(page)
         })
         .await
     }

@@ -162,12 +162,13 @@ fn acknowledged_completions_survive_kill_9() {
                 assert_eq!(record.state, State::Completed, "round {round}: {name}");
                 assert_eq!(record.result.as_deref(), Some(name.as_bytes()));
             }
-            // Nothing half-written: every record decodes (a scan reports a corrupt one), and
-            // is either completed with its own name or still in flight.
+            // Nothing half-written: every record decodes (a scan reports a corrupt one as
+            // unreadable), and is either completed with its own name or still in flight.
             let mut query = ScanQuery::all().with_limit(1_000);
             let mut records = 0;
             loop {
                 let page = store.scan(&query).await.unwrap();
+                assert!(page.unreadable.is_empty(), "{:?}", page.unreadable);
                 for record in &page.records {
                     records += 1;
                     match record.state {
