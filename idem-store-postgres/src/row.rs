@@ -29,6 +29,27 @@ pub(crate) fn now(key: &RecordKey, row: &Row) -> Result<Timestamp, StoreError> {
     timestamp(key, get(key, row, NOW)?)
 }
 
+/// The store clock's value in column [`NOW`], of a row that need not hold a readable record
+/// (the clock is the query's, not the record's).
+pub(crate) fn clock(row: &Row) -> Result<Timestamp, String> {
+    let now: SystemTime = row.try_get(NOW).map_err(|e| format!("column {NOW}: {e}"))?;
+    now.duration_since(UNIX_EPOCH)
+        .map(|d| Timestamp::from_micros(duration_micros(d)))
+        .map_err(|_| "the store's clock is before 1970".to_owned())
+}
+
+/// The creation time of the row (column 6) in signed microseconds since the epoch, read
+/// without decoding the record: the position of a scan's cursor, which a row that does not
+/// decode has too.
+pub(crate) fn created_micros(row: &Row) -> Result<i64, String> {
+    let created: SystemTime = row.try_get(6).map_err(|e| format!("column 6: {e}"))?;
+    let micros = |d: std::time::Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
+    Ok(match created.duration_since(UNIX_EPOCH) {
+        Ok(after) => micros(after),
+        Err(before) => -micros(before.duration()),
+    })
+}
+
 /// The record in the first twelve columns of `row`, or `None` if they are NULL (no row matched
 /// a LEFT JOIN). Checks the record invariants.
 pub(crate) fn record(key: &RecordKey, row: &Row) -> Result<Option<Record>, StoreError> {

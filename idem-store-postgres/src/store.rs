@@ -660,8 +660,7 @@ impl Store for PostgresStore {
                     .map_err(fail)
             })
             .await?;
-        let mut records = Vec::with_capacity(rows.len().min(limit));
-        let mut next_cursor = None;
+        let mut page = ScanPage::default();
         for row in rows.iter().take(limit) {
             let scope: &str = row
                 .try_get(row::NOW + 1)
@@ -669,27 +668,34 @@ impl Store for PostgresStore {
             let name: &str = row
                 .try_get(row::NOW + 2)
                 .map_err(|e| protocol(e.to_string()))?;
+            // A row that does not decode is reported, not an error: the query chose it by its
+            // columns, so it takes its place on the page like any other.
             let key = idem_core::Scope::new(scope)
                 .ok()
                 .zip(idem_core::IdempotencyKey::new(name).ok())
-                .map(|(s, k)| RecordKey::new(s, k))
-                .ok_or_else(|| StoreError::Corrupt {
+                .map(|(s, k)| RecordKey::new(s, k));
+            let read = match &key {
+                Some(key) => row::record(key, row).and_then(|record| {
+                    record
+                        .map(Some)
+                        .ok_or_else(|| protocol("a scan returned an empty row"))
+                }),
+                None => Err(StoreError::Corrupt {
                     key: format!("{scope}/{name}"),
                     reason: "the key breaks the key rules".to_owned(),
-                })?;
-            let record =
-                row::record(&key, row)?.ok_or_else(|| protocol("a scan returned an empty row"))?;
-            let created_micros = i64::try_from(record.created_at.as_micros()).unwrap_or(i64::MAX);
-            next_cursor = Some(encode_cursor(created_micros, scope, name));
-            records.push(record);
+                }),
+            };
+            let now = row::clock(row).map_err(protocol)?;
+            if let Some(entry) = query.entry(key.as_ref(), read, now)? {
+                page.push(entry);
+            }
+            let created = row::created_micros(row).map_err(protocol)?;
+            page.next_cursor = Some(encode_cursor(created, scope, name));
         }
         if rows.len() <= limit {
-            next_cursor = None;
+            page.next_cursor = None;
         }
-        Ok(ScanPage {
-            records,
-            next_cursor,
-        })
+        Ok(page)
     }
 }
 
