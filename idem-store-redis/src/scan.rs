@@ -8,7 +8,9 @@
 //! the whole scan is returned; one created or removed meanwhile may or may not be; a record is
 //! returned twice only if `SCAN` repeats its key (when the keyspace shrinks meanwhile).
 
-use idem_core::{Record, ScanPage, ScanQuery, State, StoreError, duration_micros};
+use idem_core::{
+    Record, ScanEntry, ScanPage, ScanQuery, State, StoreError, UnreadableRecord, duration_micros,
+};
 
 use crate::codec::decode_record;
 use crate::conn::Node;
@@ -92,7 +94,7 @@ pub(crate) async fn scan(store: &RedisStore, query: &ScanQuery) -> Result<ScanPa
     // the cursor carries, stay about as few as a page (an eighth of 1,000).
     let mut count = limit.clamp(SCAN_COUNT.0, SCAN_COUNT.1);
     let pattern = layout::scan_pattern(namespace);
-    let mut records: Vec<Record> = Vec::with_capacity(limit);
+    let mut page = ScanPage::default();
 
     // Resume on the cursor's node, or from the start of the next one if it is gone.
     let first = start.as_ref().map_or(0, |cursor| {
@@ -131,17 +133,31 @@ pub(crate) async fn scan(store: &RedisStore, query: &ScanQuery) -> Result<ScanPa
             let scanned = keys.len();
             let keys = candidates(store, &mut conn, node, keys, query).await?;
             let batch = read_records(store, &mut conn, node, &keys).await?;
-            let mut matching = keys.into_iter().zip(batch).filter_map(|(key, found)| {
-                found.and_then(|(record, now)| query.matches(&record, now).then_some((key, record)))
-            });
-            let room = limit - records.len();
-            records.extend(matching.by_ref().take(room).map(|(_, record)| record));
-            let left: Vec<String> = matching.map(|(key, _)| key).collect();
-            let matched = records.len() - (limit - room) + left.len();
+            // A record that cannot be read is an entry too: reported, it takes its place on
+            // the page, or travels in the cursor like a matching record.
+            let mut entries = Vec::with_capacity(keys.len());
+            for (key, read) in keys.into_iter().zip(batch) {
+                let entry = match read {
+                    Ok(Some((record, now))) => query.entry(None, Ok(Some(record)), now)?,
+                    Ok(None) => None,
+                    Err(err) => Some(ScanEntry::Unreadable(UnreadableRecord::from_error(
+                        err, None,
+                    )?)),
+                };
+                entries.extend(entry.map(|entry| (key, entry)));
+            }
+            let matched = entries.len();
+            let mut entries = entries.into_iter();
+            let room = limit - page.len();
+            entries
+                .by_ref()
+                .take(room)
+                .for_each(|(_, entry)| page.push(entry));
+            let left: Vec<String> = entries.map(|(key, _)| key).collect();
             if matched.saturating_mul(8) < scanned {
                 count = count.saturating_mul(2).min(SCAN_COUNT.1);
             }
-            if records.len() == limit {
+            if page.len() == limit {
                 let next = if !left.is_empty() || scan_cursor.is_some() {
                     Some(Cursor {
                         node: node.clone(),
@@ -155,17 +171,12 @@ pub(crate) async fn scan(store: &RedisStore, query: &ScanQuery) -> Result<ScanPa
                         pending: Vec::new(),
                     })
                 };
-                return Ok(ScanPage {
-                    records,
-                    next_cursor: next.map(|c| c.encode()),
-                });
+                page.next_cursor = next.map(|c| c.encode());
+                return Ok(page);
             }
         }
     }
-    Ok(ScanPage {
-        records,
-        next_cursor: None,
-    })
+    Ok(page)
 }
 
 /// The keys among `keys` that may hold a record `query`'s filters keep. With a state or age
@@ -244,14 +255,15 @@ fn left_out(value: &redis::Value, now: u64, state: Option<State>, min_age: u64) 
         || now.saturating_sub(meta.created) < min_age
 }
 
-/// Reads the records at `keys` on `node` in one pipeline: each with the node's time, or
-/// `None` where there is no live record.
+/// Reads the records at `keys` on `node` in one pipeline: each with the node's time, `None`
+/// where there is no live record, or the [`StoreError::Corrupt`] of one that cannot be read
+/// (named by its Redis key). The outer error is the pipeline's.
 async fn read_records(
     store: &RedisStore,
     conn: &mut crate::conn::Conn,
     node: &Node,
     keys: &[String],
-) -> Result<Vec<Option<(Record, idem_core::Timestamp)>>, StoreError> {
+) -> Result<Vec<RecordRead>, StoreError> {
     if keys.is_empty() {
         return Ok(Vec::new());
     }
@@ -282,7 +294,8 @@ async fn read_records(
             retryable: false,
         });
     }
-    keys.iter()
+    Ok(keys
+        .iter()
         .zip(values)
         .map(|(key, value)| {
             let reply = Reply {
@@ -320,8 +333,11 @@ async fn read_records(
                 _ => Err(reply.unexpected()),
             }
         })
-        .collect()
+        .collect())
 }
+
+/// What [`read_records`] read at one key.
+type RecordRead = Result<Option<(Record, idem_core::Timestamp)>, StoreError>;
 
 #[cfg(test)]
 mod tests {

@@ -491,13 +491,16 @@ async fn foreign_values_are_corrupt_and_deletable() {
             "{case}"
         );
         assert!(is_corrupt(h.store.release(&lease).await.err()), "{case}");
-        assert!(
-            is_corrupt(h.store.scan(&ScanQuery::all()).await.err()),
-            "{case}"
-        );
-        // A scan that filters reads the meta first, and still names a broken record.
+        // A scan reports the broken record, named by its Redis key; one that filters reads
+        // the meta first, and still reports it.
         let filtered = ScanQuery::all().with_state(idem_core::State::Completed);
-        assert!(is_corrupt(h.store.scan(&filtered).await.err()), "{case}");
+        for query in [ScanQuery::all(), filtered] {
+            let page = h.store.scan(&query).await.unwrap();
+            assert!(page.records.is_empty(), "{case}");
+            assert_eq!(page.unreadable.len(), 1, "{case}: {page:?}");
+            assert_eq!(page.unreadable[0].stored_key, redis_key, "{case}");
+            assert_eq!(page.unreadable[0].key, None, "{case}");
+        }
         assert!(h.store.delete(&k).await.unwrap(), "{case}");
         let lease = acquire(&h.store, &k).await;
         h.store.release(&lease).await.unwrap();
@@ -527,6 +530,9 @@ async fn a_record_with_thousands_of_foreign_fields_is_corrupt() {
     let is_corrupt = |r: Option<StoreError>| matches!(r, Some(StoreError::Corrupt { .. }));
     assert!(is_corrupt(h.store.claim(&request(&k)).await.err()));
     assert!(is_corrupt(h.store.get(&k).await.err()));
+    let page = h.store.scan(&ScanQuery::all()).await.unwrap();
+    assert_eq!(page.unreadable.len(), 1, "{page:?}");
+    assert_eq!(page.unreadable[0].stored_key, redis_key);
     assert!(h.store.delete(&k).await.unwrap());
     let lease = acquire(&h.store, &k).await;
     h.store.release(&lease).await.unwrap();
@@ -584,7 +590,16 @@ async fn a_shared_digest_is_corrupt_not_a_wrong_answer() {
     let is_corrupt = |r: Option<StoreError>| matches!(r, Some(StoreError::Corrupt { .. }));
     assert!(is_corrupt(h.store.claim(&request(&b)).await.err()));
     assert!(is_corrupt(h.store.get(&b).await.err()));
-    assert!(is_corrupt(h.store.scan(&ScanQuery::all()).await.err()));
+    // A scan returns the real record and reports the copy under the other key.
+    let page = h.store.scan(&ScanQuery::all()).await.unwrap();
+    assert_eq!(page.records.len(), 1, "{page:?}");
+    assert_eq!(page.records[0].key, a);
+    assert_eq!(page.unreadable.len(), 1, "{page:?}");
+    assert_eq!(page.unreadable[0].stored_key, h.store.redis_key(&b));
+    assert_eq!(
+        page.unreadable[0].reason,
+        "the hash holds the record of another key"
+    );
     // The same for a record in flight.
     let held = acquire(&h.store, &key("digest-c")).await;
     h.raw(
