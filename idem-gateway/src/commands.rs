@@ -18,7 +18,9 @@ use crate::config::toml::OnStoreError;
 use crate::config::{self, Config, ConfigError, StoreSpec};
 use crate::gateway::{Gateway, check_routes};
 use crate::proxy::Tracker;
-use crate::records::{ArgNames, record_json, record_key, record_line, record_text, scan_query};
+use crate::records::{
+    ArgNames, page_json, record_json, record_key, record_line, record_text, scan_query,
+};
 use crate::server::{Drained, Worker, run_on, serve_workers};
 
 /// Why a command failed, and the exit code that says so.
@@ -379,10 +381,7 @@ impl KeySource {
         match self {
             KeySource::Store(store) => {
                 let page = store.scan(query).await.map_err(store_failure)?;
-                Ok((
-                    page.records.iter().map(record_json).collect(),
-                    page.next_cursor,
-                ))
+                Ok((page_json(&page), page.next_cursor))
             }
             KeySource::Admin(client) => client.scan(query).await,
         }
@@ -435,12 +434,17 @@ async fn keys(config: &Config, admin: Option<&str>, command: KeysCommand) -> Res
                 ArgNames::FLAGS,
             )?;
             let source = KeySource::open(config, admin).await?;
+            // Records and unreadable ones alike: `limit` counts both, as a page does.
             let mut records = Vec::new();
             loop {
                 let (page, cursor) = source.scan(&query).await?;
                 records.extend(page);
                 match cursor {
-                    Some(cursor) if records.len() < limit => query.cursor = Some(cursor),
+                    Some(cursor) if records.len() < limit => {
+                        query.cursor = Some(cursor);
+                        // No page asks for more than is left, so none is cut short.
+                        query.limit = query.page_size().min(limit - records.len());
+                    }
                     _ => break,
                 }
             }

@@ -5,7 +5,8 @@
 //! and list filters that both paths share.
 
 use idem_core::{
-    IdempotencyKey, KeyError, MAX_KEY_LEN, Record, RecordKey, ScanQuery, Scope, State, Timestamp,
+    IdempotencyKey, KeyError, MAX_KEY_LEN, Record, RecordKey, ScanPage, ScanQuery, Scope, State,
+    Timestamp, UnreadableRecord,
 };
 use serde_json::{Value, json};
 
@@ -44,10 +45,45 @@ pub fn record_json(record: &Record) -> Value {
     })
 }
 
+/// The `state` of a record the store could not read, in [`unreadable_json`] and `idem keys
+/// list`.
+pub const UNREADABLE: &str = "unreadable";
+
+/// A record the store could not read, as JSON: `"state": "unreadable"`, its `key` and `scope`
+/// where the store could read them (what `idem keys delete` and the key API take; `null`
+/// otherwise), `stored_key` (the key as the store holds it, as text) and the `reason`.
+#[must_use]
+pub fn unreadable_json(unreadable: &UnreadableRecord) -> Value {
+    let key = unreadable.key.as_ref();
+    json!({
+        "key": key.map(|k| k.key.as_str()),
+        "scope": key.map(|k| k.scope.as_str()),
+        "state": UNREADABLE,
+        "stored_key": unreadable.stored_key,
+        "reason": unreadable.reason,
+    })
+}
+
+/// The entries of a scan page as JSON: its records ([`record_json`]), then the records it
+/// could not read ([`unreadable_json`]).
+#[must_use]
+pub fn page_json(page: &ScanPage) -> Vec<Value> {
+    page.records
+        .iter()
+        .map(record_json)
+        .chain(page.unreadable.iter().map(unreadable_json))
+        .collect()
+}
+
 /// A record, given as [`record_json`] made it, as one line of text (fields a missing value
-/// leaves out are left out).
+/// leaves out are left out). A record the store could not read ([`unreadable_json`]) is
+/// `KEY scope=SCOPE unreadable reason=REASON`, tab-separated like the others; where the store
+/// could not read its key, `KEY` is the key as stored and `SCOPE` is `?`.
 #[must_use]
 pub fn record_line(record: &Value) -> String {
+    if record["state"] == UNREADABLE {
+        return unreadable_line(record);
+    }
     let text = |name: &str| record[name].as_str().unwrap_or("?").to_owned();
     let number = |name: &str| {
         record[name]
@@ -69,6 +105,33 @@ pub fn record_line(record: &Value) -> String {
         number("attempt"),
         text("created_at"),
         text("expires_at"),
+    )
+}
+
+/// The line of [`record_line`] for a record the store could not read. Its stored key and
+/// reason are the store's text: control characters are escaped, so it stays one line.
+fn unreadable_line(record: &Value) -> String {
+    let one_line = |text: &str| {
+        text.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect::<String>()
+    };
+    let (key, scope) = match record["key"].as_str() {
+        Some(key) => {
+            let scope = record["scope"].as_str().unwrap_or_default();
+            (key.to_owned(), if scope.is_empty() { "-" } else { scope })
+        }
+        None => (one_line(record["stored_key"].as_str().unwrap_or("?")), "?"),
+    };
+    format!(
+        "{key}\tscope={scope}\t{UNREADABLE}\treason={}",
+        one_line(record["reason"].as_str().unwrap_or("?"))
     )
 }
 
@@ -220,6 +283,29 @@ mod tests {
         assert_eq!(
             record_line(&value),
             "k\tscope=-\tcompleted status=201\tfence=7\tattempt=1\tcreated=2026-01-01T00:00:00.000Z\texpires=2026-01-02T00:00:00.000Z"
+        );
+    }
+
+    #[test]
+    fn an_unreadable_record_is_one_line_saying_so() {
+        let key = record_key("k-1", "tenant", ArgNames::FLAGS).unwrap();
+        let named = UnreadableRecord::new("tenant/k-1", "unknown state").with_key(key);
+        let value = unreadable_json(&named);
+        assert_eq!(value["state"], "unreadable");
+        assert_eq!(value["key"], "k-1");
+        assert_eq!(value["scope"], "tenant");
+        assert_eq!(value["stored_key"], "tenant/k-1");
+        assert_eq!(
+            record_line(&value),
+            "k-1\tscope=tenant\tunreadable\treason=unknown state"
+        );
+        // Only the stored key known: it stands for the key, and odd bytes stay on the line.
+        let stored = UnreadableRecord::new("\u{1}raw", "garbled\nmeta");
+        let value = unreadable_json(&stored);
+        assert_eq!(value["key"], Value::Null);
+        assert_eq!(
+            record_line(&value),
+            "\\u{1}raw\tscope=?\tunreadable\treason=garbled\\nmeta"
         );
     }
 

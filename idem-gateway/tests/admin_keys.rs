@@ -269,7 +269,7 @@ async fn the_key_api_pages_filters_and_escapes_keys() {
     let old: serde_json::Value = serde_json::from_slice(&old.body).unwrap();
     assert_eq!(
         old,
-        serde_json::json!({ "records": [], "next_cursor": null })
+        serde_json::json!({ "records": [], "unreadable": [], "next_cursor": null })
     );
 
     let deleted = http.send(Method::DELETE, &key_url, &[], "").await;
@@ -603,4 +603,157 @@ async fn metrics_count_the_memory_stores_evictions_records_and_bytes() {
         shown,
         "the store's gauges never showed 4 records and {bytes} bytes"
     );
+}
+
+/// A record the store cannot read does not stop a listing: the key API's page reports it in
+/// `unreadable` (200), and `idem keys list --admin` shows it (a line saying unreadable, or an
+/// entry with `"state": "unreadable"`) beside the readable records, exit 0. `get` still says
+/// it is corrupt, `delete` removes it, and `/ui` says the store holds one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_record_is_listed_as_unreadable_not_an_error() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config_with(fixture.addr, "", &with_token())).await;
+    let admin = gateway.admin.clone().unwrap();
+    let http = Http::new();
+    for key in ["fine-1", "fine-2"] {
+        assert_eq!(
+            http.post_key(&gateway.url("/echo"), key, "x").await.status,
+            201
+        );
+    }
+    // A record restored as it was (put_raw), broken: completed without a result.
+    let broken = record_key("broken");
+    gateway
+        .store
+        .claim(&ClaimRequest::new(
+            broken.clone(),
+            Fingerprint::of(&[b"b"]),
+            Duration::from_secs(60),
+        ))
+        .await
+        .unwrap();
+    let mut record = gateway.store.get(&broken).await.unwrap().unwrap();
+    record.state = idem_core::State::Completed;
+    gateway.store.put_raw(record);
+    let reason = "a completed record has no result";
+
+    let bearer = format!("Bearer {TOKEN}");
+    let auth = [("authorization", bearer.as_str())];
+    let page = http
+        .send(Method::GET, &format!("{admin}/api/keys"), &auth, "")
+        .await;
+    assert_eq!(page.status, 200, "{}", page.text());
+    let page: serde_json::Value = serde_json::from_slice(&page.body).unwrap();
+    assert_eq!(page["records"].as_array().unwrap().len(), 2, "{page}");
+    assert_eq!(
+        page["unreadable"],
+        serde_json::json!([{
+            "key": "broken", "scope": "", "state": "unreadable",
+            "stored_key": "broken", "reason": reason,
+        }])
+    );
+
+    let (code, out, err) = idem_keys(&admin, Some(TOKEN), &["list"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().count(), 3, "{out}");
+    assert!(
+        has_line(
+            &out,
+            &format!("broken\tscope=-\tunreadable\treason={reason}")
+        ),
+        "{out}"
+    );
+    assert!(out.lines().any(|l| l.starts_with("fine-1\t")), "{out}");
+    let (code, out, err) = idem_keys(&admin, Some(TOKEN), &["list", "--json"]).await;
+    assert_eq!(code, 0, "{err}");
+    let list: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let states: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| entry["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["completed", "completed", "unreadable"], "{out}");
+    // The limit counts it like a record.
+    let (code, out, err) = idem_keys(&admin, Some(TOKEN), &["list", "--limit", "1"]).await;
+    assert_eq!((code, out.lines().count()), (0, 1), "{out}{err}");
+
+    // The page's in-flight scan meets it too.
+    let ui = http
+        .send(Method::GET, &format!("{admin}/ui"), &auth, "")
+        .await;
+    assert!(ui.text().contains("1 record(s) the store cannot read"));
+
+    let (code, _, err) = idem_keys(&admin, Some(TOKEN), &["get", "broken"]).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("corrupt record at broken"), "{err}");
+    let (code, out, err) = idem_keys(&admin, Some(TOKEN), &["delete", "broken"]).await;
+    assert_eq!((code, out.trim()), (0, "deleted broken"), "{err}");
+    let (code, out, _) = idem_keys(&admin, Some(TOKEN), &["list"]).await;
+    assert_eq!(code, 0);
+    assert!(!out.contains("unreadable"), "{out}");
+}
+
+/// The same on a store `idem keys` opens itself: a redb file holding a half-written record.
+#[cfg(feature = "redb")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_list_on_a_redb_file_shows_a_half_written_record() {
+    let dir = std::env::temp_dir().join(format!("idem-gw-unreadable-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("records.redb");
+    {
+        let store = idem_store_redb::RedbStore::open(&file).unwrap();
+        for key in ["whole", "half"] {
+            store
+                .claim(&ClaimRequest::new(
+                    record_key(key),
+                    Fingerprint::of(&[b"r"]),
+                    Duration::from_secs(60),
+                ))
+                .await
+                .unwrap();
+        }
+        // The format byte and the state, then nothing.
+        store
+            .put_raw(&record_key("half"), vec![1, 0])
+            .await
+            .unwrap();
+    }
+    let store = format!("redb:{}", file.display());
+    let list = |json: bool| {
+        let mut command = common::idem_command("keys");
+        command.args(["list", "--store", &store]);
+        if json {
+            command.arg("--json");
+        }
+        command.output().unwrap()
+    };
+    let text = list(false);
+    let out = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.status.success(),
+        "{}",
+        String::from_utf8_lossy(&text.stderr)
+    );
+    assert!(
+        has_line(
+            &out,
+            "half\tscope=-\tunreadable\treason=the record is truncated"
+        ),
+        "{out}"
+    );
+    assert!(out.lines().any(|l| l.starts_with("whole\t")), "{out}");
+    let json = list(true);
+    assert!(json.status.success());
+    let list: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let unreadable: Vec<&serde_json::Value> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|entry| entry["state"] == "unreadable")
+        .collect();
+    assert_eq!(unreadable.len(), 1, "{list}");
+    assert_eq!(unreadable[0]["key"], "half");
+    assert_eq!(unreadable[0]["reason"], "the record is truncated");
+    let _ = std::fs::remove_dir_all(&dir);
 }

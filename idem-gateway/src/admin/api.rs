@@ -2,11 +2,15 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | `GET /api/keys?state=S&older_than=D&limit=N&cursor=C` | `{"records": [...], "next_cursor": C or null}`, one page |
+//! | `GET /api/keys?state=S&older_than=D&limit=N&cursor=C` | `{"records": [...], "unreadable": [...], "next_cursor": C or null}`, one page |
 //! | `GET /api/keys/KEY?scope=S` | the record, or 404 `{"error": ...}` |
 //! | `DELETE /api/keys/KEY?scope=S` | `{"deleted": true or false}` |
 //!
-//! `KEY` is percent-encoded; a record is the JSON of [`crate::records::record_json`]. A bad
+//! `KEY` is percent-encoded; a record is the JSON of [`crate::records::record_json`]. A page
+//! lists the records the store could not read (corrupt ones) apart, in `unreadable`, as
+//! [`crate::records::unreadable_json`] renders them (`"state": "unreadable"`, the key where
+//! the store could read it, the key as stored, the reason): the page is still 200, and `limit`
+//! counts them too. A bad
 //! argument is 400 and a store error 503, each `{"error": "..."}`; an error names the query
 //! parameter (`state: ...`), or `key` for the path's key.
 
@@ -18,7 +22,7 @@ use serde_json::{Value, json};
 use super::form;
 use crate::body::{GatewayBody, full};
 use crate::config::ConfigError;
-use crate::records::{ArgNames, record_json, record_key, scan_query};
+use crate::records::{ArgNames, record_json, record_key, scan_query, unreadable_json};
 
 /// The path prefix of the key API.
 pub const PREFIX: &str = "/api/keys";
@@ -117,9 +121,14 @@ async fn list(store: &dyn Store, params: &[(String, String)]) -> Response<Gatewa
     match store.scan(&query).await {
         Ok(page) => {
             let records: Vec<Value> = page.records.iter().map(record_json).collect();
+            let unreadable: Vec<Value> = page.unreadable.iter().map(unreadable_json).collect();
             json_response(
                 StatusCode::OK,
-                &json!({ "records": records, "next_cursor": page.next_cursor }),
+                &json!({
+                    "records": records,
+                    "unreadable": unreadable,
+                    "next_cursor": page.next_cursor,
+                }),
             )
         }
         Err(err) => error(StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}")),

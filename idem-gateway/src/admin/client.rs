@@ -143,7 +143,8 @@ impl AdminClient {
         Ok(value["deleted"].as_bool().unwrap_or(false))
     }
 
-    /// One page of records as JSON, and the cursor of the next.
+    /// One page of records as JSON, followed by the records the store could not read (the
+    /// page's `unreadable`, absent from an older gateway's answer), and the cursor of the next.
     ///
     /// # Errors
     /// [`Failure::Runtime`]: unreachable, refused, or a store error on the gateway.
@@ -159,10 +160,13 @@ impl AdminClient {
             path.push_str(&format!("&cursor={}", encode(cursor)));
         }
         let mut value = self.call(Method::GET, &path).await?;
-        let records = match value["records"].take() {
+        let mut records = match value["records"].take() {
             Value::Array(records) => records,
             _ => return Err(Failure::runtime("admin: a list without records")),
         };
+        if let Value::Array(unreadable) = value["unreadable"].take() {
+            records.extend(unreadable);
+        }
         let cursor = value["next_cursor"].as_str().map(str::to_owned);
         Ok((records, cursor))
     }

@@ -8,7 +8,9 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use idem_core::{Clock, Record, ScanQuery, State, Store, StoreError, StoreStats, SystemClock};
+use idem_core::{
+    Clock, Record, ScanPage, ScanQuery, State, Store, StoreError, StoreStats, SystemClock,
+};
 
 use super::RenderMetrics;
 
@@ -38,7 +40,8 @@ pub const SAMPLE_EVERY: Duration = Duration::from_secs(5);
 /// The window of the rates.
 pub const RATE_WINDOW: Duration = Duration::from_secs(60);
 
-/// Reads `limit` records at most matching `query`, following the store's cursor.
+/// Reads about `limit` entries at most matching `query` (records, and records the store could
+/// not read, which a page counts too), following the store's cursor; whether there were more.
 ///
 /// # Errors
 /// The store's error.
@@ -46,15 +49,16 @@ pub async fn scan_all(
     store: &dyn Store,
     mut query: ScanQuery,
     limit: usize,
-) -> Result<(Vec<Record>, bool), StoreError> {
-    let mut records = Vec::new();
+) -> Result<(ScanPage, bool), StoreError> {
+    let mut all = ScanPage::default();
     loop {
         let page = store.scan(&query).await?;
-        records.extend(page.records);
+        all.records.extend(page.records);
+        all.unreadable.extend(page.unreadable);
         match page.next_cursor {
-            Some(cursor) if records.len() < limit => query.cursor = Some(cursor),
-            Some(_) => return Ok((records, true)),
-            None => return Ok((records, false)),
+            Some(cursor) if all.len() < limit => query.cursor = Some(cursor),
+            Some(_) => return Ok((all, true)),
+            None => return Ok((all, false)),
         }
     }
 }
@@ -64,6 +68,9 @@ pub async fn scan_all(
 pub struct InFlight {
     /// The records, oldest first.
     pub records: Vec<Record>,
+    /// The records the scan met that the store could not read (their state unknown, so
+    /// perhaps in flight): `idem keys list` names them.
+    pub unreadable: usize,
     /// Whether there were more than the scan reads.
     pub truncated: bool,
     /// How many have a lapsed lease.
@@ -79,14 +86,16 @@ impl InFlight {
     /// The store's error.
     pub async fn scan(store: &dyn Store) -> Result<InFlight, StoreError> {
         let query = ScanQuery::all().with_state(State::InFlight);
-        let (mut records, truncated) =
+        let (page, truncated) =
             scan_all(store, query, MAX_SCAN_PAGES * ScanQuery::DEFAULT_LIMIT).await?;
+        let (mut records, unreadable) = (page.records, page.unreadable.len());
         let now = SystemClock.now();
         records.sort_by_key(|record| record.created_at);
         let lapsed = records.iter().filter(|r| r.lease_until < now).count();
         let oldest = records.first().map(|r| r.age(now)).unwrap_or_default();
         Ok(InFlight {
             records,
+            unreadable,
             truncated,
             lapsed,
             oldest,

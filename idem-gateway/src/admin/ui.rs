@@ -219,6 +219,13 @@ impl Page<'_> {
             in_flight.lapsed,
             age(in_flight.oldest),
         );
+        if in_flight.unreadable > 0 {
+            let _ = writeln!(
+                body,
+                "<p class=\"err\">The scan also met {} record(s) the store cannot read: <code>idem keys list</code> names them.</p>",
+                in_flight.unreadable,
+            );
+        }
         if in_flight.records.is_empty() {
             return;
         }
@@ -260,7 +267,7 @@ impl Page<'_> {
         for state in [State::Completed, State::Failed] {
             let query = ScanQuery::all().with_state(state);
             match within(scan_all(self.store, query, RECENT_SCAN)).await {
-                Ok((found, _)) => records.extend(found),
+                Ok((found, _)) => records.extend(found.records),
                 Err(err) => {
                     let _ = writeln!(body, "<p class=\"err\">store: {}</p>", html(&err));
                     return;
