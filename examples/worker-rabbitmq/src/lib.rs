@@ -1,7 +1,11 @@
 //! A RabbitMQ consumer (lapin) behind idem-worker.
 //!
 //! [`declare`] sets up, for a work queue `Q`:
-//! - `Q`, durable, whose rejected messages go to the dead-letter exchange `Q.dlx`;
+//! - `Q`, a quorum queue (durable, replicated where the broker is a cluster), whose rejected
+//!   messages go to the dead-letter exchange `Q.dlx`, and which dead-letters by itself a message
+//!   delivered [`DELIVERY_LIMIT`] times without being settled: a poison message that crashes
+//!   every worker that takes it (nothing reports its failure, so no retry policy can count it)
+//!   ends in `Q.dead` instead of crashing workers forever;
 //! - `Q.dlx` (fanout) and the queue `Q.dead` bound to it: the dead letters, for an operator;
 //! - `Q.retry`, a queue without consumers whose expired messages go back to `Q`: a delay line.
 //!
@@ -62,6 +66,15 @@ use tokio_util::sync::CancellationToken;
 
 /// The header that carries the delivery count of a retried message.
 pub const DELIVERY_HEADER: &str = "x-idem-delivery";
+
+/// The header a quorum queue sets on a message it delivers again after a consumer left it
+/// unsettled (a crash, a closed channel, a requeue): how many times that happened.
+pub const BROKER_DELIVERY_HEADER: &str = "x-delivery-count";
+
+/// How many times the work queue delivers a message that its consumers leave unsettled before
+/// it dead-letters it (`x-delivery-limit`). Settled deliveries do not count: a retry is a new
+/// copy with its own count, bounded by the guard's retry policy.
+pub const DELIVERY_LIMIT: i32 = 20;
 
 /// The names of the queues and exchange of work queue `queue`.
 #[derive(Clone, Debug)]
@@ -138,7 +151,11 @@ pub async fn declare(channel: &Channel, queue: &str) -> Result<Topology, Error> 
         .queue_declare(
             names.queue.as_str().into(),
             durable,
-            table(&[("x-dead-letter-exchange", text(&names.dlx))]),
+            table(&[
+                ("x-queue-type", text("quorum")),
+                ("x-delivery-limit", AMQPValue::LongInt(DELIVERY_LIMIT)),
+                ("x-dead-letter-exchange", text(&names.dlx)),
+            ]),
         )
         .await?;
     channel
@@ -196,21 +213,29 @@ pub fn message_key(headers: Option<&FieldTable>, payload: &[u8]) -> Option<Idemp
 }
 
 fn delivery_count(delivery: &Delivery) -> u32 {
-    let counted = delivery
-        .properties
-        .headers()
-        .as_ref()
-        .and_then(|h| h.inner().get(DELIVERY_HEADER))
-        .and_then(|value| match value {
-            AMQPValue::LongLongInt(n) => u32::try_from(*n).ok(),
-            AMQPValue::LongInt(n) => u32::try_from(*n).ok(),
-            AMQPValue::LongUInt(n) => Some(*n),
-            _ => None,
-        })
-        .unwrap_or(1);
-    counted
-        .max(1)
-        .saturating_add(u32::from(delivery.redelivered))
+    delivery_count_of(delivery.properties.headers().as_ref(), delivery.redelivered)
+}
+
+/// The delivery count (1-based) of a message with `headers`: the count of its copy
+/// ([`DELIVERY_HEADER`], 1 when absent) plus the times the broker delivered this copy before
+/// ([`BROKER_DELIVERY_HEADER`] on a quorum queue; else 1 if `redelivered`).
+#[must_use]
+pub fn delivery_count_of(headers: Option<&FieldTable>, redelivered: bool) -> u32 {
+    let header = |name: &str| {
+        headers
+            .and_then(|h| h.inner().get(name))
+            .and_then(|value| match value {
+                AMQPValue::LongLongInt(n) => u32::try_from(*n).ok(),
+                AMQPValue::LongInt(n) => u32::try_from(*n).ok(),
+                AMQPValue::LongUInt(n) => Some(*n),
+                AMQPValue::ShortInt(n) => u32::try_from(*n).ok(),
+                AMQPValue::ShortUInt(n) => Some(u32::from(*n)),
+                _ => None,
+            })
+    };
+    let copy = header(DELIVERY_HEADER).unwrap_or(1).max(1);
+    let before = header(BROKER_DELIVERY_HEADER).unwrap_or(u32::from(redelivered));
+    copy.saturating_add(before)
 }
 
 /// Applies `disposition` to `delivery`, publishing retries on `channel` (in confirm mode).
@@ -237,7 +262,20 @@ pub async fn settle(
                 .await?;
         }
         Disposition::Retry { after } => {
-            let mut headers = delivery.properties.headers().clone().unwrap_or_default();
+            // The copy starts a fresh broker count: what the broker counted is in `next`.
+            let mut headers: FieldTable = delivery
+                .properties
+                .headers()
+                .as_ref()
+                .map(|h| {
+                    h.inner()
+                        .iter()
+                        .filter(|(name, _)| name.as_str() != BROKER_DELIVERY_HEADER)
+                        .map(|(name, value)| (name.clone(), value.clone()))
+                        .collect::<std::collections::BTreeMap<_, _>>()
+                        .into()
+                })
+                .unwrap_or_default();
             let next = i64::from(delivery_count(delivery).saturating_add(1));
             headers.insert(DELIVERY_HEADER.into(), AMQPValue::LongLongInt(next));
             let millis = after.as_millis().max(1).to_string();
@@ -339,4 +377,33 @@ fn job_of(delivery: &Delivery) -> Option<Job> {
         Bytes::copy_from_slice(&delivery.data),
         delivery_count(delivery),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(entries: &[(&str, AMQPValue)]) -> FieldTable {
+        table(entries)
+    }
+
+    #[test]
+    fn the_delivery_count_adds_the_brokers_count_to_the_copys() {
+        assert_eq!(delivery_count_of(None, false), 1);
+        assert_eq!(delivery_count_of(None, true), 2);
+        let retried = headers(&[(DELIVERY_HEADER, AMQPValue::LongLongInt(3))]);
+        assert_eq!(delivery_count_of(Some(&retried), false), 3);
+        assert_eq!(delivery_count_of(Some(&retried), true), 4);
+        // A quorum queue says how often: the flag adds nothing more.
+        let crashed = headers(&[
+            (DELIVERY_HEADER, AMQPValue::LongLongInt(3)),
+            (BROKER_DELIVERY_HEADER, AMQPValue::LongLongInt(5)),
+        ]);
+        assert_eq!(delivery_count_of(Some(&crashed), true), 8);
+        let odd = headers(&[
+            (DELIVERY_HEADER, AMQPValue::LongLongInt(-1)),
+            (BROKER_DELIVERY_HEADER, text("x")),
+        ]);
+        assert_eq!(delivery_count_of(Some(&odd), false), 1);
+    }
 }

@@ -3,14 +3,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use idem_testkit::probe::{require_tcp, service_url};
+use std::time::Duration;
+
 use lapin::options::{BasicGetOptions, ConfirmSelectOptions, QueueDeleteOptions};
 use lapin::{Connection, ConnectionProperties};
 use queue_common::scenario::{self, Tally};
 use tokio_util::sync::CancellationToken;
-use worker_rabbitmq::{consume, declare, publish};
+use worker_rabbitmq::{DELIVERY_LIMIT, consume, declare, delivery_count_of, publish};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dispositions_map_to_ack_retry_and_dead_letter() {
+/// The broker's URL, or `None` (outside CI) when nothing listens there.
+fn broker() -> Option<String> {
     let url = service_url(
         "IDEM_TEST_AMQP_URL",
         "amqp://guest:guest@127.0.0.1:5672/%2f",
@@ -22,21 +24,63 @@ async fn dispositions_map_to_ack_retry_and_dead_letter() {
         .and_then(|rest| rest.split('/').next())
         .unwrap()
         .to_owned();
-    if !require_tcp("RabbitMQ", &host_port) {
-        return;
+    require_tcp("RabbitMQ", &host_port).then_some(url)
+}
+
+/// A connection, a confirming channel and a freshly declared work queue named after `prefix`.
+struct Broker {
+    connection: std::sync::Arc<Connection>,
+    channel: lapin::Channel,
+    queue: String,
+    names: worker_rabbitmq::Topology,
+}
+
+impl Broker {
+    /// `None` (outside CI) when no broker listens.
+    async fn with_queue(prefix: &str) -> Option<Broker> {
+        let url = broker()?;
+        let connection = Connection::connect(&url, ConnectionProperties::default())
+            .await
+            .unwrap();
+        let channel = connection.create_channel().await.unwrap();
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let queue = format!("{prefix}.{}.{}", std::process::id(), scenario::unique());
+        let names = declare(&channel, &queue).await.unwrap();
+        Some(Broker {
+            connection: std::sync::Arc::new(connection),
+            channel,
+            queue,
+            names,
+        })
     }
-    let connection = Connection::connect(&url, ConnectionProperties::default())
-        .await
-        .unwrap();
-    let channel = connection.create_channel().await.unwrap();
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
-    let queue = format!("idem.test.{}.{}", std::process::id(), scenario::unique());
-    let names = declare(&channel, &queue).await.unwrap();
+
+    /// Deletes the queues and the exchange `declare` made.
+    async fn delete(&self) {
+        let names = &self.names;
+        for q in [&names.queue, &names.retry, &names.dead] {
+            self.channel
+                .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                .await
+                .unwrap();
+        }
+        self.channel
+            .exchange_delete(names.dlx.as_str().into(), Default::default())
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dispositions_map_to_ack_retry_and_dead_letter() {
+    let Some(broker) = Broker::with_queue("idem.test").await else {
+        return;
+    };
+    let (channel, queue) = (&broker.channel, &broker.queue);
     for (key, body) in scenario::messages() {
-        publish(&channel, &queue, key.as_deref(), body.as_bytes())
+        publish(channel, queue, key.as_deref(), body.as_bytes())
             .await
             .unwrap();
     }
@@ -45,6 +89,7 @@ async fn dispositions_map_to_ack_retry_and_dead_letter() {
     let stop = CancellationToken::new();
     let consuming = tokio::spawn({
         let (handler, stop, queue) = (tally.handler(), stop.clone(), queue.clone());
+        let connection = broker.connection.clone();
         async move {
             consume(&connection, &queue, 8, stop, handler)
                 .await
@@ -59,21 +104,77 @@ async fn dispositions_map_to_ack_retry_and_dead_letter() {
     // The dead letters: the permanent failure and the message without a key.
     let mut dead = 0;
     while let Some(_message) = channel
-        .basic_get(names.dead.as_str().into(), BasicGetOptions { no_ack: true })
+        .basic_get(
+            broker.names.dead.as_str().into(),
+            BasicGetOptions { no_ack: true },
+        )
         .await
         .unwrap()
     {
         dead += 1;
     }
     assert_eq!(dead, 2);
-    for q in [&names.queue, &names.retry, &names.dead] {
-        channel
-            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
-            .await
-            .unwrap();
-    }
-    channel
-        .exchange_delete(names.dlx.as_str().into(), Default::default())
+    broker.delete().await;
+}
+
+/// A message whose consumer dies before settling it (its channel closes) comes back with the
+/// broker's count, which the delivery count includes, and once it has been delivered
+/// `DELIVERY_LIMIT` times without being settled, the work queue dead-letters it: a poison
+/// message that crashes every worker ends in the dead-letter queue instead of looping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_keeps_crashing_its_consumer_is_dead_lettered() {
+    let Some(broker) = Broker::with_queue("idem.test.poison").await else {
+        return;
+    };
+    let (connection, names) = (&broker.connection, &broker.names);
+    publish(&broker.channel, &broker.queue, Some("poison"), b"{}")
         .await
         .unwrap();
+
+    let limit = u32::try_from(DELIVERY_LIMIT).unwrap();
+    let mut deliveries = 0u32;
+    let dead = loop {
+        // Wherever the broker put the message: back on the work queue, or dead-lettered.
+        let (consumer, message, dead) = 'found: {
+            for _ in 0..200 {
+                let consumer = connection.create_channel().await.unwrap();
+                for (q, dead) in [(&names.queue, false), (&names.dead, true)] {
+                    if let Some(message) = consumer
+                        .basic_get(q.as_str().into(), BasicGetOptions { no_ack: false })
+                        .await
+                        .unwrap()
+                    {
+                        break 'found (consumer, message, dead);
+                    }
+                }
+                consumer.close(200, "empty".into()).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            panic!("the message is neither on the work queue nor dead-lettered");
+        };
+        if dead {
+            break message;
+        }
+        deliveries += 1;
+        let count = delivery_count_of(
+            message.delivery.properties.headers().as_ref(),
+            message.delivery.redelivered,
+        );
+        assert_eq!(
+            count, deliveries,
+            "the delivery count of delivery {deliveries}"
+        );
+        assert!(
+            deliveries <= limit + 1,
+            "the message was never dead-lettered"
+        );
+        // The consumer dies: its channel closes with the message unsettled.
+        consumer.close(200, "crashed".into()).await.unwrap();
+    };
+    assert!(
+        deliveries >= limit,
+        "dead-lettered after {deliveries} deliveries"
+    );
+    assert_eq!(&dead.delivery.data[..], b"{}");
+    broker.delete().await;
 }
