@@ -10,6 +10,12 @@
 //! | retry after a delay | `nak` with that delay |
 //! | dead-letter | `term` (no more redelivery; the server emits a `MSG_TERMINATED` advisory) |
 //!
+//! While a message's handler runs, [`consume`] tells JetStream it is in progress (`+WPI`) every
+//! half of the consumer's `ack_wait`, so a job longer than `ack_wait` is not delivered again to
+//! another worker while it runs (the guard would answer that copy as in flight, but it costs a
+//! delivery and a nak each time); a worker that dies stops the in-progress acks, and the
+//! message comes back after `ack_wait` as before.
+//!
 //! A message without a usable key is terminated at once. The delivery count the handler gets
 //! is JetStream's own (`info.delivered`), so the guard's retry policy bounds it; give the
 //! consumer a `max_deliver` above the policy's attempts.
@@ -159,13 +165,14 @@ where
     F: Fn(Job) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Disposition> + Send + 'static,
 {
+    let progress_every = progress_interval(consumer.cached_info().config.ack_wait);
     let messages = consumer.messages().await?;
     queue_common::dispatch(messages, concurrency, stop, move |message: jetstream::Message| {
         let job = job_of(&message);
         let handled = job.map(&handle);
         async move {
             let disposition = match handled {
-                Some(handled) => handled.await,
+                Some(handled) => in_progress(&message, progress_every, handled).await,
                 None => {
                     tracing::warn!(subject = %message.subject, "message without a usable key: terminated");
                     Disposition::DeadLetter
@@ -178,6 +185,38 @@ where
     })
     .await;
     Ok(())
+}
+
+/// How often a message in hand is reported in progress: half the consumer's `ack_wait` (the
+/// server's default of 30 s when the consumer has none), at least 100 ms.
+fn progress_interval(ack_wait: Duration) -> Duration {
+    let ack_wait = if ack_wait.is_zero() {
+        Duration::from_secs(30)
+    } else {
+        ack_wait
+    };
+    (ack_wait / 2).max(Duration::from_millis(100))
+}
+
+/// Runs `work`, acking `message` as in progress every `every` until it ends.
+async fn in_progress<T>(
+    message: &jetstream::Message,
+    every: Duration,
+    work: impl Future<Output = T>,
+) -> T {
+    let mut work = std::pin::pin!(work);
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            done = &mut work => return done,
+            _ = ticks.tick() => {
+                if let Err(error) = message.ack_with(AckKind::Progress).await {
+                    tracing::warn!(%error, "the in-progress ack failed; the message may be delivered again");
+                }
+            }
+        }
+    }
 }
 
 fn job_of(message: &jetstream::Message) -> Option<Job> {
