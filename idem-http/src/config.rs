@@ -13,7 +13,7 @@
 //! | request body limit | 1 MiB (413 above it) |
 //! | response storage cap | 1 MiB, encoded and compressed |
 //! | headers (and trailers) never stored | hop-by-hop, `Content-Length`, `Date`, `Set-Cookie`, `WWW-Authenticate`, `Proxy-Authenticate` |
-//! | 5xx | released, not stored |
+//! | 5xx (and 600 to 999, which HTTP does not define) | released, not stored |
 //! | store down | fail closed (503 + `Retry-After: 1`) |
 //! | wait mode | off (409 while the original is in flight) |
 //! | key syntax | lenient (a bare key is accepted) |
@@ -283,11 +283,15 @@ impl Config {
     }
 
     /// Whether a response with `status` is stored (else the claim is released so a retry runs).
+    ///
+    /// A status from 600 to 999 (which `http` represents but HTTP does not define) counts as a
+    /// 5xx: RFC 9110 section 15 has a client treat a status outside 100..=599 as a server error,
+    /// so storing it would replay an error the client retries.
     #[must_use]
     pub fn stores_status(&self, status: StatusCode) -> bool {
         match status.as_u16() {
             408 | 425 | 429 => false,
-            500..=599 => self.store_server_errors,
+            500..=999 => self.store_server_errors,
             _ => !status.is_informational(),
         }
     }
@@ -488,7 +492,7 @@ impl ConfigBuilder {
     }
 
     /// Store 5xx responses too, the way Stripe does (default: a 5xx releases the key so a
-    /// retry runs again).
+    /// retry runs again). A status from 600 to 999 counts as a 5xx.
     pub fn store_server_errors(mut self, store: bool) -> Self {
         self.config.store_server_errors = store;
         self
@@ -599,7 +603,7 @@ mod tests {
                 "{stored}"
             );
         }
-        for released in [408, 425, 429, 500, 502, 503] {
+        for released in [408, 425, 429, 500, 502, 503, 599, 600, 999] {
             assert!(
                 !config.stores_status(StatusCode::from_u16(released).unwrap()),
                 "{released}"
@@ -608,6 +612,7 @@ mod tests {
         let stripe = Config::builder().store_server_errors(true).build().unwrap();
         assert!(stripe.stores_status(StatusCode::BAD_GATEWAY));
         assert!(!stripe.stores_status(StatusCode::TOO_MANY_REQUESTS));
+        assert!(stripe.stores_status(StatusCode::from_u16(600).unwrap()));
     }
 
     #[test]

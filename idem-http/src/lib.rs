@@ -51,8 +51,9 @@
 //!   `Content-Length`, `Date`, `Set-Cookie`, `WWW-Authenticate` and `Proxy-Authenticate` are
 //!   never stored (configurable).
 //! - 2xx, 3xx and 4xx are stored, except 408, 425 and 429. Those, 5xx (unless
-//!   [`ConfigBuilder::store_server_errors`]), a handler error or panic release the key so a
-//!   retry runs the handler again.
+//!   [`ConfigBuilder::store_server_errors`]; a status from 600 to 999, which HTTP does not
+//!   define, counts as a 5xx), a handler error or panic release the key so a retry runs the
+//!   handler again.
 //! - The handler runs in a task of its own: a client that disconnects never causes a second
 //!   execution; the handler finishes and its response is stored. A heartbeat keeps the lease of
 //!   a long handler.

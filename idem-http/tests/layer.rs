@@ -1,8 +1,8 @@
 //! The settings of the layer that the fixture does not exercise, on an axum app served on
 //! 127.0.0.1:0 and called with a real HTTP client: optional keys, a store that is down (fail
 //! closed and fail open), a panicking handler, bounded wait mode, strict keys, other scopes,
-//! a replaced rejection, a small storage cap, stored 5xx, other methods, the outcome in the
-//! response extensions, and the axum extractor.
+//! a replaced rejection, a small storage cap, stored 5xx, a status above 599, other methods,
+//! the outcome in the response extensions, and the axum extractor.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::num::NonZeroUsize;
@@ -529,6 +529,37 @@ async fn server_errors_can_be_stored_the_stripe_way() {
     );
     let retry = app.post(Some("k"), "").await;
     assert_eq!(retry.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(app.count(), 1);
+}
+
+/// A status HTTP does not define (600 to 999: `http` represents it, hyper sends it) is a server
+/// error to the client (RFC 9110 section 15): it releases the key like a 5xx, so a retry runs,
+/// and the Stripe switch stores it like a 5xx.
+#[tokio::test]
+async fn a_status_above_599_is_released_like_a_5xx() {
+    let routes = |counter: Arc<AtomicU64>| {
+        Router::new().route(
+            "/run",
+            post(move || async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                (StatusCode::from_u16(600).unwrap(), "undefined")
+            }),
+        )
+    };
+    let app = App::serve(MemoryStore::new(), Config::builder(), routes).await;
+    for _ in 0..2 {
+        let answer = app.post(Some("k"), "").await;
+        assert_eq!(answer.status.as_u16(), 600);
+        assert_eq!(answer.header("idempotent-replayed"), None);
+        assert_eq!(answer.outcome(), "executed");
+    }
+    assert_eq!(app.count(), 2, "a retry of a 600 runs again");
+    let stripe = Config::builder().store_server_errors(true);
+    let app = App::serve(MemoryStore::new(), stripe, routes).await;
+    app.post(Some("k"), "").await;
+    let retry = app.post(Some("k"), "").await;
+    assert_eq!(retry.status.as_u16(), 600);
     assert_eq!(retry.header("idempotent-replayed"), Some("true"));
     assert_eq!(app.count(), 1);
 }
