@@ -2,30 +2,40 @@
 //! behind the idempotency layer (or not, with `--bare`), for black-box tests and benchmarks.
 //!
 //! ```text
-//! idem-fixture [--listen ADDR] [--store URL] [--retention-ms N] [--lease-ms N]
-//!              [--memory-capacity N] [--bare]
+//! idem-fixture [--listen ADDR] [--store URL] [--namespace NAME] [--retention-ms N]
+//!              [--lease-ms N] [--memory-capacity N] [--bare]
+//! idem-fixture --help
 //! ```
 //!
 //! - `--listen ADDR`: where to listen (default `127.0.0.1:0`; port 0 picks a free port). The
 //!   first line on stdout is the bound address.
 //! - `--store URL`: `memory` (the default), `redis://HOST:PORT[/DB]` (namespace
-//!   `idem-fixture`), `postgres://USER@HOST/DB` (schema `idem_fixture`, migrated on connect)
+//!   `idem_fixture`), `postgres://USER@HOST/DB` (schema `idem_fixture`, migrated on connect)
 //!   or `redb:PATH` (each behind the cargo feature of its name, all on by default). The fixture
 //!   exits with an error if the store cannot be reached at start.
+//! - `--namespace NAME`: the Redis namespace or PostgreSQL schema instead of `idem_fixture`
+//!   (letters, digits and `_`), so fixtures sharing a server keep their records apart; refused
+//!   with the memory and redb stores, whose records are the fixture's own already.
 //! - `--retention-ms N`: how long a response is kept (default 86400000, 24 h).
 //! - `--lease-ms N`: the lease of a claim (default 30000); the heartbeat runs every third of it.
 //! - `--memory-capacity N`: bound the memory store to N records (default: unbounded). Once it
 //!   is full every claim evicts the oldest settled record: the store at its steady size, as
 //!   one with a retention runs in a long-lived process (`bench/http.sh` measures both).
 //! - `--bare`: no layer (the baseline of the benchmarks).
+//! - `--help`: this usage on stdout, exit 0. A bad flag or value is an error on stderr, exit 2.
 //!
-//! Routes: every POST but `/reset` is behind the layer and requires a key; `/counter` and
-//! `/reset` are outside it.
+//! Routes: the five routes of the table below `/counter` are behind the layer, which covers
+//! POST and PATCH and requires a key; they answer every method alike, so a PATCH is run once
+//! and replayed like a POST, and a GET, PUT or DELETE passes through the layer untouched (run
+//! every time, never stored). `/counter` and `/reset` are outside the layer. Any other path is
+//! 404 outside the layer too: no key needed, nothing stored. A bad argument (`/status/abc`,
+//! `/slow?ms=abc`, `/large?bytes=-1`) is a 400 `text/plain` from the route, which counts
+//! nothing (and, being a 4xx, is stored).
 //!
 //! | route | behaviour |
 //! |---|---|
 //! | `POST /echo` | 201, echoes the body and its Content-Type (default application/octet-stream); counter +1 |
-//! | `POST /status/{code}` | answers `{code}` with body `status:{code}` text/plain (204 and 304 with no body); counter +1 |
+//! | `POST /status/{code}` | answers `{code}` (200 to 599) with body `status:{code}` text/plain (204 and 304 with no body); counter +1 |
 //! | `POST /slow?ms=N` | waits N ms, then 200 `slept:N` text/plain; counter +1 |
 //! | `POST /large?bytes=N` | 200 with N bytes of `x`, application/octet-stream; counter +1 |
 //! | `POST /headers` | 201 with Location, ETag, two Set-Cookie, two X-Multi, body `{"ok":true}`; counter +1 |
@@ -43,8 +53,9 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{Method, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use idem_core::Store;
 use idem_http::{Config, IdempotencyLayer};
 
@@ -52,23 +63,40 @@ use idem_http::{Config, IdempotencyLayer};
 const MAX_LARGE: usize = 256 * 1024 * 1024;
 const MAX_SLOW_MS: u64 = 600_000;
 
-const USAGE: &str = "usage: idem-fixture [--listen ADDR] [--store memory|redis://HOST:PORT|postgres://USER@HOST/DB|redb:PATH] [--retention-ms N] [--lease-ms N] [--memory-capacity N] [--bare]";
+const USAGE: &str = "usage: idem-fixture [--listen ADDR] [--store memory|redis://HOST:PORT|postgres://USER@HOST/DB|redb:PATH] [--namespace NAME] [--retention-ms N] [--lease-ms N] [--memory-capacity N] [--bare]";
+
+/// The Redis namespace and PostgreSQL schema unless `--namespace` names another.
+const NAMESPACE: &str = "idem_fixture";
+
+const NAMESPACE_SHARED_ONLY: &str =
+    "--namespace applies to the redis:// and postgres:// stores only";
+
+/// What the command line asks for.
+#[derive(Debug)]
+enum Command {
+    /// Serve.
+    Run(Args),
+    /// Print the usage and exit 0.
+    Help,
+}
 
 /// The command line.
 #[derive(Debug)]
 struct Args {
     listen: String,
     store: String,
+    namespace: Option<String>,
     retention: Duration,
     lease: Duration,
     memory_capacity: Option<NonZeroUsize>,
     bare: bool,
 }
 
-fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
+fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Command, String> {
     let mut parsed = Args {
         listen: "127.0.0.1:0".to_owned(),
         store: "memory".to_owned(),
+        namespace: None,
         retention: Duration::from_secs(24 * 60 * 60),
         lease: Duration::from_secs(30),
         memory_capacity: None,
@@ -88,6 +116,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         match flag.as_str() {
             "--listen" => parsed.listen = value("--listen")?,
             "--store" => parsed.store = value("--store")?,
+            "--namespace" => parsed.namespace = Some(value("--namespace")?),
             "--retention-ms" => {
                 parsed.retention = millis("--retention-ms", value("--retention-ms")?)?
             }
@@ -100,11 +129,11 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                 parsed.memory_capacity = Some(capacity);
             }
             "--bare" => parsed.bare = true,
-            "-h" | "--help" => return Err(USAGE.to_owned()),
+            "-h" | "--help" => return Ok(Command::Help),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
     }
-    Ok(parsed)
+    Ok(Command::Run(parsed))
 }
 
 /// The executions counted by the routes.
@@ -145,15 +174,17 @@ async fn echo(State(counter): State<Counter>, headers: HeaderMap, body: Bytes) -
 }
 
 async fn status(State(counter): State<Counter>, Path(code): Path<String>) -> Response {
+    // 1xx is not a final answer, and HTTP defines no status above 599 (RFC 9110 section 15),
+    // though `http` would send one up to 999.
     let Some(status) = code
         .parse::<u16>()
         .ok()
+        .filter(|code| (200..=599).contains(code))
         .and_then(|code| StatusCode::from_u16(code).ok())
-        .filter(|status| !status.is_informational())
     else {
         return text(
             StatusCode::BAD_REQUEST,
-            format!("not a final status: {code}"),
+            format!("not a final status (200 to 599): {code}"),
         );
     };
     counter.bump();
@@ -225,15 +256,27 @@ async fn reset(State(counter): State<Counter>) -> StatusCode {
     StatusCode::NO_CONTENT
 }
 
+/// Any path the fixture does not serve: 404, outside the layer.
+async fn not_found(method: Method, uri: Uri) -> Response {
+    text(
+        StatusCode::NOT_FOUND,
+        format!(
+            "no route {method} {uri}: the routes are /echo, /status/{{code}}, /slow, /large, \
+             /headers, /counter and /reset"
+        ),
+    )
+}
+
 /// The layer for `args`, or why it cannot be built.
 async fn layer(args: &Args) -> Result<IdempotencyLayer, String> {
     let (store, label) = match args.memory_capacity {
+        Some(_) if args.namespace.is_some() => return Err(NAMESPACE_SHARED_ONLY.to_owned()),
         Some(capacity) if args.store == "memory" => {
             let store = idem::MemoryStore::builder().capacity(capacity).build();
             (Arc::new(store) as Arc<dyn Store>, "memory")
         }
         Some(_) => return Err("--memory-capacity bounds the memory store only".to_owned()),
-        None => open_store(&args.store).await?,
+        None => open_store(&args.store, args.namespace.as_deref()).await?,
     };
     let config = Config::builder()
         .require_key()
@@ -246,9 +289,18 @@ async fn layer(args: &Args) -> Result<IdempotencyLayer, String> {
     Ok(IdempotencyLayer::from_arc(store, config))
 }
 
-/// The store `--store` names, and its metrics label.
-async fn open_store(spec: &str) -> Result<(Arc<dyn Store>, &'static str), String> {
-    let opened = idem::open(spec, "idem_fixture")
+/// The store `--store` names (under `--namespace`, if given), and its metrics label.
+async fn open_store(
+    spec: &str,
+    namespace: Option<&str>,
+) -> Result<(Arc<dyn Store>, &'static str), String> {
+    let shared = ["redis://", "rediss://", "postgres://", "postgresql://"]
+        .iter()
+        .any(|scheme| spec.starts_with(scheme));
+    if namespace.is_some() && !shared {
+        return Err(NAMESPACE_SHARED_ONLY.to_owned());
+    }
+    let opened = idem::open(spec, namespace.unwrap_or(NAMESPACE))
         .await
         .map_err(|e| format!("--{e}"))?;
     Ok((opened.store, opened.label))
@@ -256,20 +308,23 @@ async fn open_store(spec: &str) -> Result<(Arc<dyn Store>, &'static str), String
 
 async fn app(args: &Args) -> Result<Router, String> {
     let counter = Counter::default();
+    // Every method reaches the handler; the layer decides which it covers (POST and PATCH).
     let covered = Router::new()
-        .route("/echo", post(echo))
-        .route("/status/{code}", post(status))
-        .route("/slow", post(slow))
-        .route("/large", post(large))
-        .route("/headers", post(headers));
+        .route("/echo", any(echo))
+        .route("/status/{code}", any(status))
+        .route("/slow", any(slow))
+        .route("/large", any(large))
+        .route("/headers", any(headers));
+    // A route layer, so a path no route serves is 404 without a key, and nothing is stored.
     let covered = if args.bare {
         covered
     } else {
-        covered.layer(layer(args).await?)
+        covered.route_layer(layer(args).await?)
     };
     Ok(covered
         .route("/counter", get(count))
         .route("/reset", post(reset))
+        .fallback(not_found)
         .with_state(counter))
 }
 
@@ -287,12 +342,16 @@ async fn serve(args: Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let result = parse_args(std::env::args().skip(1)).and_then(|args| {
-        tokio::runtime::Builder::new_multi_thread()
+    let result = parse_args(std::env::args().skip(1)).and_then(|command| match command {
+        Command::Help => {
+            let mut stdout = std::io::stdout();
+            writeln!(stdout, "{USAGE}").map_err(|e| e.to_string())
+        }
+        Command::Run(args) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
             .map_err(|e| e.to_string())?
-            .block_on(serve(args))
+            .block_on(serve(args)),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -64,6 +64,8 @@ on_every_store!(
     quoted_and_bare_keys_are_the_same_key,
     invalid_keys_are_400_and_run_nothing,
     uncovered_methods_pass_through_without_a_key,
+    patch_is_covered_like_post,
+    unknown_paths_are_404_outside_the_layer,
     a_missing_key_is_400_where_required,
     replay_is_faithful,
     four_xx_is_stored_and_408_425_429_5xx_released,
@@ -230,16 +232,39 @@ async fn invalid_keys_are_400_and_run_nothing(store: &str) {
     assert_eq!(fixture.counter().await, 1, "only the 255-byte key ran");
 }
 
+/// GET, PUT, DELETE and HEAD are not covered: they reach the handler with no key, with an
+/// invalid one, or with a key already used, and run every time; nothing is stored or replayed.
 async fn uncovered_methods_pass_through_without_a_key(store: &str) {
     let fixture = Fixture::start(store, &[]);
-    for method in [Method::GET, Method::PUT, Method::DELETE] {
-        let answer = fixture.send(method.clone(), "/echo", &[], "x").await;
-        assert_eq!(
-            answer.status,
-            StatusCode::METHOD_NOT_ALLOWED,
-            "{method}: {answer:?}"
-        );
+    let key = quoted(&unique("uncovered"));
+    let headers: [&[(&str, &[u8])]; 3] = [
+        &[],
+        &[("idempotency-key", b"\"a\", \"b\"")],
+        &[("idempotency-key", key.as_bytes())],
+    ];
+    let mut expected = 0;
+    for method in [Method::GET, Method::PUT, Method::DELETE, Method::HEAD] {
+        for headers in headers {
+            for _ in 0..2 {
+                let answer = fixture.send(method.clone(), "/echo", headers, "x").await;
+                expected += 1;
+                assert_eq!(answer.status, StatusCode::CREATED, "{method}: {answer:?}");
+                assert!(!answer.is_replay(), "{method}: {answer:?}");
+            }
+        }
     }
+    assert_eq!(fixture.counter().await, expected);
+    // The key a GET carried was never claimed: a POST with it runs.
+    let post = fixture
+        .send(
+            Method::POST,
+            "/echo",
+            &[("idempotency-key", key.as_bytes())],
+            "x",
+        )
+        .await;
+    assert_eq!(post.status, StatusCode::CREATED);
+    assert!(!post.is_replay());
     let counter = fixture
         .send(Method::GET, "/counter", &[], Bytes::new())
         .await;
@@ -250,6 +275,52 @@ async fn uncovered_methods_pass_through_without_a_key(store: &str) {
         .send(Method::POST, "/reset", &[], Bytes::new())
         .await;
     assert_eq!(reset.status, StatusCode::NO_CONTENT);
+}
+
+/// PATCH is covered like POST: refused without a key, run once and then replayed with one, and
+/// its record is its own (a POST with the same key is another request: 422).
+async fn patch_is_covered_like_post(store: &str) {
+    let fixture = Fixture::start(store, &[]);
+    assert_problem(&fixture.send(Method::PATCH, "/echo", &[], "x").await, 400);
+    let key = quoted(&unique("patch"));
+    let headers: &[(&str, &[u8])] = &[("idempotency-key", key.as_bytes())];
+    let first = fixture.send(Method::PATCH, "/echo", headers, "x").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(!first.is_replay());
+    let replay = fixture.send(Method::PATCH, "/echo", headers, "x").await;
+    assert_eq!(replay.status, StatusCode::CREATED);
+    assert!(replay.is_replay(), "{replay:?}");
+    assert_eq!(replay.text(), "x");
+    assert_problem(
+        &fixture.send(Method::POST, "/echo", headers, "x").await,
+        422,
+    );
+    assert_eq!(fixture.counter().await, 1);
+}
+
+/// A path the fixture does not serve is a plain 404, with or without a key: the layer sits on
+/// the routes only, so it neither asks for a key nor stores the 404 (a retry is not a replay).
+async fn unknown_paths_are_404_outside_the_layer(store: &str) {
+    let fixture = Fixture::start(store, &[]);
+    let key = quoted(&unique("nowhere"));
+    let keyed: &[(&str, &[u8])] = &[("idempotency-key", key.as_bytes())];
+    for (method, path, headers) in [
+        (Method::POST, "/nope", &[][..]),
+        (Method::POST, "/nope", keyed),
+        (Method::POST, "/nope", keyed),
+        (Method::PATCH, "/echo/extra", keyed),
+        (Method::GET, "/nope", &[][..]),
+    ] {
+        let answer = fixture.send(method.clone(), path, headers, "x").await;
+        assert_eq!(
+            answer.status,
+            StatusCode::NOT_FOUND,
+            "{method} {path}: {answer:?}"
+        );
+        assert!(!answer.is_replay(), "{method} {path}: {answer:?}");
+        assert!(answer.text().contains("no route"), "{answer:?}");
+    }
+    assert_eq!(fixture.counter().await, 0);
 }
 
 async fn a_missing_key_is_400_where_required(store: &str) {
@@ -676,4 +747,107 @@ async fn memory_capacity_bounds_the_memory_store() {
             "{args:?}"
         );
     }
+}
+
+/// The fixture's own bad inputs are a 400 with a `text/plain` reason from the route, never a
+/// 500 or a crash, and count nothing: a status outside 200..=599 (HTTP defines none above 599,
+/// and 1xx is not a final answer), a number that is not one, out of range or missing.
+#[tokio::test]
+async fn bad_fixture_arguments_are_400_and_count_nothing() {
+    let fixture = Fixture::start("memory", &[]);
+    for path in [
+        "/status/99",
+        "/status/100",
+        "/status/600",
+        "/status/999",
+        "/status/1000",
+        "/status/abc",
+        "/status/-1",
+        "/slow",
+        "/slow?ms=abc",
+        "/slow?ms=-1",
+        "/slow?ms=600001",
+        "/large?bytes=-1",
+        "/large?bytes=",
+        "/large?bytes=99999999999999999999999",
+    ] {
+        let answer = fixture.post(path, &unique("bad-arg"), Bytes::new()).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path}: {answer:?}");
+        assert_eq!(
+            answer.header("content-type").as_deref(),
+            Some("text/plain"),
+            "{path}"
+        );
+        assert!(!answer.text().is_empty(), "{path}");
+    }
+    assert_eq!(fixture.counter().await, 0);
+    // /reset is outside the layer: a key, valid or not, is ignored.
+    for key in [&b"\"r\""[..], b""] {
+        let reset = fixture
+            .send(
+                Method::POST,
+                "/reset",
+                &[("idempotency-key", key)],
+                Bytes::new(),
+            )
+            .await;
+        assert_eq!(reset.status, StatusCode::NO_CONTENT);
+    }
+}
+
+/// `--help` prints the usage on stdout and exits 0; a bad flag, a bad value or a store that
+/// cannot be opened is one line on stderr naming the flag, and exit code 2.
+#[test]
+fn help_and_bad_command_lines() {
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_idem-fixture"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    for help in ["--help", "-h"] {
+        let output = run(&[help]);
+        assert_eq!(output.status.code(), Some(0), "{help}");
+        assert!(String::from_utf8_lossy(&output.stdout).starts_with("usage: idem-fixture"));
+    }
+    for (args, names) in [
+        (&["--bogus"][..], "--bogus"),
+        (&["--lease-ms"], "--lease-ms"),
+        (&["--lease-ms", "0"], "--lease-ms"),
+        (&["--retention-ms", "abc"], "--retention-ms"),
+        (&["--listen", "nonsense"], "nonsense"),
+        (&["--store", "mysql://x"], "--store"),
+        (&["--store", "redis://"], "--store"),
+        (&["--namespace", "other"], "--namespace"),
+        (
+            &["--store", "redb:/nonexistent/x", "--namespace", "other"],
+            "--namespace",
+        ),
+    ] {
+        let output = run(args);
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        assert!(output.stdout.is_empty(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(names), "{args:?}: {stderr}");
+    }
+}
+
+/// `--namespace` keeps fixtures that share a Redis server apart: the same key runs once per
+/// namespace, and a second fixture on the same namespace replays the first one's record.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_namespaces_keep_fixtures_apart() {
+    let Some(url) = support::redis_url() else {
+        return;
+    };
+    let key = unique("namespaced");
+    let one = Fixture::start(&url, &["--namespace", "idem_fixture_test_one"]);
+    let two = Fixture::start(&url, &["--namespace", "idem_fixture_test_two"]);
+    assert!(!one.post("/echo", &key, "a").await.is_replay());
+    assert!(!two.post("/echo", &key, "a").await.is_replay());
+    assert_eq!(one.counter().await + two.counter().await, 2);
+    let again = Fixture::start(&url, &["--namespace", "idem_fixture_test_one"]);
+    let replay = again.post("/echo", &key, "a").await;
+    assert!(replay.is_replay(), "{replay:?}");
+    assert_eq!(again.counter().await, 0);
 }
