@@ -6,13 +6,10 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::{Cluster, RedisHarness, big_hammer, cluster_harness, test_config};
-use idem_core::{
-    Bytes, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyKey, RecordKey, ScanQuery, State,
-    Store, StoreError,
+use common::{
+    Cluster, RETENTION, RedisHarness, big_hammer, cluster_harness, key, request, test_config,
 };
+use idem_core::{Bytes, ClaimOutcome, RecordKey, ScanQuery, State, Store, StoreError};
 use idem_store_redis::{ClockOffset, RedisConfig, RedisStore};
 
 async fn harness() -> Option<RedisHarness> {
@@ -30,17 +27,6 @@ async fn hammer_32_tasks_2000_keys_on_the_cluster() {
 }
 
 // ---- restarts ------------------------------------------------------------------------------
-
-const LEASE: Duration = Duration::from_secs(30);
-const RETENTION: Duration = Duration::from_secs(3600);
-
-fn key(name: &str) -> RecordKey {
-    RecordKey::unscoped(IdempotencyKey::new(name).unwrap())
-}
-
-fn request(key: &RecordKey) -> ClaimRequest {
-    ClaimRequest::new(key.clone(), Fingerprint::of(&[b"payload"]), LEASE)
-}
 
 /// A store on a Cluster of the test's own, with the tests' settings.
 async fn store_on(cluster: &Cluster) -> RedisStore {

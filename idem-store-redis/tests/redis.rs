@@ -10,28 +10,20 @@ use std::future::Future;
 use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
 
-use common::{ServerProcess, command_calls, have_redis_binaries, namespace, single_harness};
+use common::{
+    LEASE, RETENTION, ServerProcess, command_calls, have_redis_binaries, key, namespace, request,
+    single_harness,
+};
 use idem_core::machine::LeasePolicy;
 use idem_core::{
-    Bytes, ClaimOutcome, ClaimRequest, Failure, Fingerprint, IdempotencyKey, Lease, RecordKey,
-    Rejection, ScanQuery, Scope, State, Store, StoreError,
+    Bytes, ClaimOutcome, Failure, IdempotencyKey, Lease, RecordKey, Rejection, ScanQuery, Scope,
+    State, Store, StoreError,
 };
 use idem_store_redis::{ClockOffset, RedisConfig, RedisStore};
 use idem_testkit::Harness;
 
 /// An operation's error, to be awaited.
 type PendingError<'a> = std::pin::Pin<Box<dyn Future<Output = Option<StoreError>> + Send + 'a>>;
-
-const LEASE: Duration = Duration::from_secs(30);
-const RETENTION: Duration = Duration::from_secs(3600);
-
-fn key(name: &str) -> RecordKey {
-    RecordKey::unscoped(IdempotencyKey::new(name).unwrap())
-}
-
-fn request(key: &RecordKey) -> ClaimRequest {
-    ClaimRequest::new(key.clone(), Fingerprint::of(&[b"payload"]), LEASE)
-}
 
 async fn acquire(store: &RedisStore, key: &RecordKey) -> Lease {
     match store.claim(&request(key)).await.unwrap() {

@@ -759,19 +759,25 @@ pub async fn retention_expiry_frees_the_key(h: &impl Harness) {
     assert!(again.fence > lease.fence);
 }
 
-/// Scans filter by state and by age, and page through everything with cursors.
-pub async fn scan_filters_by_state_and_age(h: &impl Harness) {
-    let store = h.store();
+/// Claims and completes `count` records, `{prefix}-0` and on; their keys.
+async fn completed_records(store: &dyn Store, prefix: &str, count: usize) -> HashSet<RecordKey> {
     let mut completed = HashSet::new();
-    for i in 0..5 {
-        let k = key(&format!("scan-old-{i}"));
-        let lease = acquire(&*store, &request(&k, "a")).await;
+    for i in 0..count {
+        let k = key(&format!("{prefix}-{i}"));
+        let lease = acquire(store, &request(&k, "a")).await;
         store
             .complete(&lease, Bytes::new(), RETENTION)
             .await
             .expect("complete");
         completed.insert(k);
     }
+    completed
+}
+
+/// Scans filter by state and by age, and page through everything with cursors.
+pub async fn scan_filters_by_state_and_age(h: &impl Harness) {
+    let store = h.store();
+    let completed = completed_records(&*store, "scan-old", 5).await;
     h.advance(Duration::from_secs(120)).await;
     let mut in_flight = HashSet::new();
     for i in 0..3 {
@@ -892,16 +898,7 @@ pub async fn corrupt_record_is_reported_not_panicked(h: &impl Harness) {
 /// `Corrupt`, and `delete` removes it.
 pub async fn scan_reports_a_corrupt_record_beside_the_readable_ones(h: &impl Harness) {
     let store = h.store();
-    let mut completed = HashSet::new();
-    for i in 0..4 {
-        let k = key(&format!("scan-ok-{i}"));
-        let lease = acquire(&*store, &request(&k, "a")).await;
-        store
-            .complete(&lease, Bytes::new(), RETENTION)
-            .await
-            .expect("complete");
-        completed.insert(k);
-    }
+    let completed = completed_records(&*store, "scan-ok", 4).await;
     let held = key("scan-held");
     acquire(&*store, &request(&held, "a")).await;
     let mut readable = completed.clone();

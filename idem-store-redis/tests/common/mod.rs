@@ -9,12 +9,27 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use idem_core::{RecordKey, Store};
+use idem_core::{ClaimRequest, Fingerprint, IdempotencyKey, RecordKey, Store};
 use idem_store_redis::{ClockOffset, RedisConfig, RedisStore};
 use idem_testkit::Harness;
 use idem_testkit::hammer::{HammerConfig, hammer};
 use idem_testkit::probe::{in_ci, require_tcp, service_url};
 use redis::aio::ConnectionLike;
+
+/// The lease of the tests' claims.
+pub const LEASE: Duration = Duration::from_secs(30);
+/// The retention of the tests' completions.
+pub const RETENTION: Duration = Duration::from_secs(3600);
+
+/// The unscoped record key `name`.
+pub fn key(name: &str) -> RecordKey {
+    RecordKey::unscoped(IdempotencyKey::new(name).unwrap())
+}
+
+/// A claim of `key` for the same payload every time, with [`LEASE`].
+pub fn request(key: &RecordKey) -> ClaimRequest {
+    ClaimRequest::new(key.clone(), Fingerprint::of(&[b"payload"]), LEASE)
+}
 
 /// The single test server: `IDEM_TEST_REDIS_URL`, by default the machine's Redis.
 pub fn single_url() -> String {
