@@ -62,8 +62,8 @@
 //!   stored as status and headers: a retry gets them with `Idempotency-Replay: omitted` and an
 //!   empty body, and the handler never runs again.
 //! - Response trailers are stored, filtered like headers, and a replay ends with them (even
-//!   one whose body was omitted): a gRPC response (`grpc-status` in its trailers) replays as it
-//!   was answered, an error status included.
+//!   one whose body was omitted), named in its `Trailer` header for HTTP/1.1: a gRPC response
+//!   (`grpc-status` in its trailers) replays as it was answered, an error status included.
 //! - A store that cannot be reached is 503 with `Retry-After`, the handler not run (fail
 //!   closed), or the handler runs and the response carries `Idempotency-Status: unrecorded`
 //!   ([`StoreFailure::FailOpen`]).

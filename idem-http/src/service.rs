@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::RETRY_AFTER;
+use http::header::{self, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, request};
 use http_body::Body;
 use http_body_util::BodyExt;
@@ -407,6 +407,9 @@ fn replay<B>(shared: &Shared, record: &Record) -> Response<ResponseBody<B>> {
         }
     };
     let omitted = stored.body.is_none();
+    // `Trailer` names them, as the original response did (it is never stored: it describes
+    // the message, not the resource): an HTTP/1.1 server sends only the trailers it names.
+    let announced = trailer_header(&stored.trailers);
     // The stored trailers are the last frame, after the body (or alone, if it was omitted).
     let trailers = (!stored.trailers.is_empty()).then(|| {
         let mut trailers = HeaderMap::with_capacity(stored.trailers.len());
@@ -424,6 +427,9 @@ fn replay<B>(shared: &Shared, record: &Record) -> Response<ResponseBody<B>> {
     for (name, value) in stored.headers {
         headers.append(name, value);
     }
+    if let Some(announced) = announced {
+        headers.insert(header::TRAILER, announced);
+    }
     if omitted {
         headers.insert(
             HeaderName::from_static(REPLAY_HEADER),
@@ -436,6 +442,21 @@ fn replay<B>(shared: &Shared, record: &Record) -> Response<ResponseBody<B>> {
     );
     response.extensions_mut().insert(Outcome::Replayed);
     response
+}
+
+/// The `Trailer` header that names `trailers` (each name once, in order), or `None` without
+/// trailers.
+fn trailer_header(trailers: &[(HeaderName, HeaderValue)]) -> Option<HeaderValue> {
+    let mut names: Vec<&str> = Vec::with_capacity(trailers.len());
+    for (name, _) in trailers {
+        if !names.contains(&name.as_str()) {
+            names.push(name.as_str());
+        }
+    }
+    if names.is_empty() {
+        return None;
+    }
+    HeaderValue::from_str(&names.join(", ")).ok()
 }
 
 /// The handler's task: runs it under the claim, streams its response to the caller and settles

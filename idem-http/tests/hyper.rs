@@ -204,3 +204,86 @@ async fn a_replay_over_http2_carries_the_trailers() {
     assert_eq!(counter.load(Ordering::SeqCst), 1);
     server.abort();
 }
+
+/// Over HTTP/1.1, trailers travel only after a chunked body, and a server sends only those the
+/// `Trailer` header names to a client that sent `TE: trailers`: the first caller and the
+/// caller of a replay both get them. Before, the layer answered both with a `Content-Length`
+/// (the body's length is known once read) and a replay had no `Trailer` header (it is never
+/// stored), so hyper dropped the trailers.
+#[tokio::test]
+async fn a_replay_over_http1_carries_the_trailers() {
+    let counter = Arc::new(AtomicU64::new(0));
+    let runs = counter.clone();
+    let handler = tower::service_fn(move |_: Request<Either>| {
+        let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("x-run", http::HeaderValue::from(n));
+            trailers.append("x-sum", http::HeaderValue::from_static("a"));
+            trailers.append("x-sum", http::HeaderValue::from_static("b"));
+            let body = Full::new(Bytes::from_static(b"paid"))
+                .with_trailers(async move { Some(Ok::<_, Infallible>(trailers)) });
+            let mut response = Response::new(body);
+            response.headers_mut().insert(
+                http::header::TRAILER,
+                http::HeaderValue::from_static("x-run, x-sum"),
+            );
+            Ok::<_, hyper::Error>(response)
+        }
+    });
+    let service = ServiceBuilder::new()
+        .map_request(|request: Request<Incoming>| request.map(Either::Incoming))
+        .layer(IdempotencyLayer::new(MemoryStore::new()))
+        .service(handler);
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let service = TowerToHyperService::new(service.clone());
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let send = || {
+        let request = Request::post(format!("http://{addr}/pay"))
+            .header("idempotency-key", "\"h1\"")
+            .header("te", "trailers")
+            .body(Full::new(Bytes::from_static(b"10 EUR")))
+            .unwrap();
+        let client = client.clone();
+        async move {
+            let response = client.request(request).await.unwrap();
+            assert_eq!(response.version(), http::Version::HTTP_11);
+            let (parts, body) = response.into_parts();
+            let collected = body.collect().await.unwrap();
+            let trailers = collected.trailers().cloned();
+            (parts, collected.to_bytes(), trailers)
+        }
+    };
+    let (first, first_body, first_trailers) = send().await;
+    assert_eq!(first_body, "paid");
+    assert!(first.headers.get("content-length").is_none());
+    let first_trailers = first_trailers.expect("the first caller's trailers");
+    assert_eq!(first_trailers["x-run"], "1");
+
+    let (replay, replay_body, replay_trailers) = send().await;
+    assert_eq!(replay.headers["idempotent-replayed"], "true");
+    assert_eq!(replay_body, "paid");
+    assert_eq!(replay.headers["trailer"], "x-run, x-sum");
+    let replay_trailers = replay_trailers.expect("the replay's trailers");
+    assert_eq!(
+        replay_trailers["x-run"], "1",
+        "not the first run's trailers"
+    );
+    let sums: Vec<_> = replay_trailers.get_all("x-sum").iter().collect();
+    assert_eq!(sums, ["a", "b"]);
+    assert_eq!(counter.load(Ordering::SeqCst), 1);
+    server.abort();
+}
