@@ -242,6 +242,8 @@ impl Tracker {
 
     /// Waits until nothing is in flight, or `limit` passes; `true` if nothing is.
     pub async fn wait_idle(&self, limit: Duration) -> bool {
+        // `Instant + Duration` panics past the clock's range; a wait of a year is forever.
+        let limit = limit.min(Duration::from_secs(365 * 24 * 60 * 60));
         let deadline = tokio::time::Instant::now() + limit;
         loop {
             // Registered before the count is read, so a guard dropped in between still wakes
@@ -285,14 +287,17 @@ struct ProxyShared {
     body_errors: Counter,
 }
 
-/// Headers that describe one connection (RFC 9110 section 7.6.1) and are never forwarded.
+/// Headers that describe one connection (RFC 9110 section 7.6.1) or speak to the next proxy
+/// only (`Proxy-Authorization` and `Proxy-Authenticate`, RFC 9110 section 11.7), never
+/// forwarded either way. `Trailer` is not among them: it announces the trailer fields of the
+/// message, end to end, and an HTTP/1.1 server sends trailers only where it is set.
 const HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
     header::PROXY_AUTHORIZATION,
+    header::PROXY_AUTHENTICATE,
     header::TE,
-    header::TRAILER,
     header::TRANSFER_ENCODING,
     header::UPGRADE,
 ];
@@ -424,6 +429,13 @@ impl Proxy {
         let guard = shared.tracker.enter();
         forwarded_headers(&mut request);
         strip_hop_by_hop(request.headers_mut());
+        // The gateway takes trailers, whoever its client is: it passes them on (to an HTTP/2
+        // client, or an HTTP/1.1 one that sent `TE: trailers` itself) and stores them with
+        // the response, so a replay ends with them. An HTTP/1.1 upstream sends trailers only
+        // to a client that says so.
+        request
+            .headers_mut()
+            .insert(header::TE, HeaderValue::from_static("trailers"));
         keep_unsized_body(&mut request);
         let path = request
             .uri()
@@ -522,9 +534,16 @@ mod tests {
             HeaderValue::from_static("chunked"),
         );
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        headers.insert(
+            header::PROXY_AUTHENTICATE,
+            HeaderValue::from_static("Basic realm=\"proxy\""),
+        );
+        headers.insert(header::TRAILER, HeaderValue::from_static("x-checksum"));
         strip_hop_by_hop(&mut headers);
-        assert_eq!(headers.len(), 1);
+        assert_eq!(headers.len(), 2);
         assert!(headers.contains_key(header::CONTENT_TYPE));
+        // `Trailer` announces the message's trailers end to end: it stays.
+        assert!(headers.contains_key(header::TRAILER));
     }
 
     #[test]

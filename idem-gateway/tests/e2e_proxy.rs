@@ -1,0 +1,222 @@
+//! End-to-end: what the proxy does to headers and trailers, against an upstream written here
+//! (hyper's HTTP/1.1 server) that sends trailers and a proxy challenge and records what it
+//! was sent. The gateway runs in this process on the memory store, on 127.0.0.1 port 0.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use common::{Gateway, config};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body::Frame;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+/// An upstream whose every answer is `200 paid-N` (N counts its executions) with the trailer
+/// `x-checksum: N`, announced by `Trailer`, and a `Proxy-Authenticate` challenge. It keeps the
+/// headers of every request it gets.
+struct Upstream {
+    addr: SocketAddr,
+    runs: Arc<AtomicU64>,
+    seen: Arc<Mutex<Vec<HeaderMap>>>,
+}
+
+impl Upstream {
+    async fn start() -> Upstream {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let runs = Arc::new(AtomicU64::new(0));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (counter, log) = (runs.clone(), seen.clone());
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                let (counter, log) = (counter.clone(), log.clone());
+                let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                    let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+                    log.lock().unwrap().push(request.headers().clone());
+                    async move {
+                        let mut trailers = HeaderMap::new();
+                        trailers.insert("x-checksum", HeaderValue::from(n));
+                        let body = Chunked {
+                            data: Some(Bytes::from(format!("paid-{n}"))),
+                            trailers: Some(trailers),
+                        };
+                        let response = Response::builder()
+                            .header(header::CONTENT_TYPE, "text/plain")
+                            .header(header::TRAILER, "x-checksum")
+                            .header(header::PROXY_AUTHENTICATE, "Basic realm=\"upstream\"")
+                            .body(body)
+                            .unwrap();
+                        Ok::<_, Infallible>(response)
+                    }
+                });
+                tokio::spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Upstream { addr, runs, seen }
+    }
+
+    fn last_request_headers(&self) -> HeaderMap {
+        self.seen.lock().unwrap().last().cloned().unwrap()
+    }
+}
+
+/// A body of one data frame and then trailers, of no announced length: an HTTP/1.1 server
+/// sends it chunked, the only framing with room for trailers.
+struct Chunked {
+    data: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl http_body::Body for Chunked {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        Poll::Ready(match this.data.take() {
+            Some(data) => Some(Ok(Frame::data(data))),
+            None => this.trailers.take().map(|t| Ok(Frame::trailers(t))),
+        })
+    }
+}
+
+/// What a client read: status, headers, body and trailers.
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+    trailers: Option<HeaderMap>,
+}
+
+/// POSTs to `url` with `headers`, over HTTP/2 (prior knowledge) when `http2`, else HTTP/1.1.
+async fn post(url: &str, headers: &[(&str, &str)], http2: bool) -> Answer {
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(http2)
+        .build_http::<Full<Bytes>>();
+    let mut request = Request::builder().method(Method::POST).uri(url);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = client
+        .request(
+            request
+                .body(Full::new(Bytes::from_static(b"10 EUR")))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let (parts, body) = response.into_parts();
+    let collected = body.collect().await.unwrap();
+    let trailers = collected.trailers().cloned();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body: collected.to_bytes(),
+        trailers,
+    }
+}
+
+/// The upstream's trailers reach an HTTP/1.1 client that asks for them (`TE: trailers`), on
+/// the first execution and on its replay, where they are the first run's; the gateway asks the
+/// upstream for trailers whether or not its client did. Before, the gateway dropped `Trailer`
+/// as if it were hop-by-hop, so hyper's server sent no trailer at all, and a replay announced
+/// a body length, after which HTTP/1.1 has no place for trailers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trailers_reach_an_http1_client_on_the_first_run_and_the_replay() {
+    let upstream = Upstream::start().await;
+    let gateway = Gateway::start(&config(upstream.addr, "")).await;
+    let url = gateway.url("/pay");
+    let asks = [("idempotency-key", "tr-1"), ("te", "trailers")];
+
+    let first = post(&url, &asks, false).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.body, "paid-1");
+    let trailers = first.trailers.expect("the first run's trailers");
+    assert_eq!(trailers["x-checksum"], "1");
+    assert_eq!(
+        upstream.last_request_headers()[header::TE],
+        "trailers",
+        "the upstream is asked for its trailers"
+    );
+
+    let replay = post(&url, &asks, false).await;
+    assert_eq!(replay.headers["idempotent-replayed"], "true");
+    assert_eq!(replay.body, "paid-1");
+    assert_eq!(replay.headers[header::TRAILER], "x-checksum");
+    let trailers = replay.trailers.expect("the replay's trailers");
+    assert_eq!(trailers["x-checksum"], "1", "the first run's trailers");
+    assert_eq!(upstream.runs.load(Ordering::SeqCst), 1);
+
+    // A request the layer does not cover (no key) passes them on as well; a client that did
+    // not ask for trailers gets the body without them, and the upstream is asked all the same.
+    let plain = post(&url, &[("te", "trailers")], false).await;
+    assert_eq!(plain.body, "paid-2");
+    assert_eq!(plain.trailers.expect("trailers")["x-checksum"], "2");
+    let unasked = post(&url, &[("idempotency-key", "tr-2")], false).await;
+    assert_eq!(unasked.body, "paid-3");
+    assert!(unasked.trailers.is_none());
+    assert_eq!(upstream.last_request_headers()[header::TE], "trailers");
+    let replay = post(
+        &url,
+        &[("idempotency-key", "tr-2"), ("te", "trailers")],
+        false,
+    )
+    .await;
+    assert_eq!(replay.trailers.expect("trailers")["x-checksum"], "3");
+}
+
+/// Over HTTP/2 the trailers need no asking: the first run and the replay end with them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trailers_reach_an_http2_client_on_the_first_run_and_the_replay() {
+    let upstream = Upstream::start().await;
+    let gateway = Gateway::start(&config(upstream.addr, "")).await;
+    let url = gateway.url("/pay");
+    let key = [("idempotency-key", "tr-h2")];
+    let first = post(&url, &key, true).await;
+    assert_eq!(first.trailers.expect("trailers")["x-checksum"], "1");
+    let replay = post(&url, &key, true).await;
+    assert_eq!(replay.headers["idempotent-replayed"], "true");
+    assert_eq!(replay.trailers.expect("trailers")["x-checksum"], "1");
+    assert_eq!(upstream.runs.load(Ordering::SeqCst), 1);
+}
+
+/// `Proxy-Authenticate` is the upstream's challenge to the next proxy, the gateway: it is not
+/// passed on to the client (nor stored), as `Proxy-Authorization` is not passed upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_authentication_headers_stop_at_the_gateway_both_ways() {
+    let upstream = Upstream::start().await;
+    let gateway = Gateway::start(&config(upstream.addr, "")).await;
+    let url = gateway.url("/pay");
+    for key in [None, Some("pa-1"), Some("pa-1")] {
+        let mut headers = vec![("proxy-authorization", "Basic Zm9vOmJhcg==")];
+        headers.extend(key.map(|key| ("idempotency-key", key)));
+        let answer = post(&url, &headers, false).await;
+        assert_eq!(answer.status, StatusCode::OK);
+        assert!(
+            !answer.headers.contains_key(header::PROXY_AUTHENTICATE),
+            "{:?}",
+            answer.headers
+        );
+    }
+    let sent = upstream.last_request_headers();
+    assert!(!sent.contains_key(header::PROXY_AUTHORIZATION), "{sent:?}");
+}
