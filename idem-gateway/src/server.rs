@@ -94,8 +94,7 @@ pub async fn serve(
     }
     drop(listener);
     // The shutdown is logged once for all serving threads, by `serve_workers`.
-    let grace = settings.shutdown_grace;
-    let deadline = tokio::time::Instant::now() + grace;
+    let deadline = deadline_after(settings.shutdown_grace);
     let connections_closed = tokio::time::timeout_at(deadline, graceful.shutdown())
         .await
         .is_ok();
@@ -117,6 +116,13 @@ pub async fn serve(
         clean: false,
         abandoned: if settled { 0 } else { tracker.in_flight() },
     }
+}
+
+/// The instant `limit` from now, or a year from now when that is sooner: a deadline that far
+/// is never reached, and `Instant + Duration` panics past the clock's range.
+fn deadline_after(limit: Duration) -> tokio::time::Instant {
+    const FAR: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+    tokio::time::Instant::now() + limit.min(FAR)
 }
 
 /// Binds `count` listeners on `addr`, all on one port (the port of the first when `addr` asks

@@ -493,3 +493,111 @@ fn a_bad_environment_variable_is_named() {
         assert_one_line_error(&output, &[variable]);
     }
 }
+
+/// A duration longer than 100 years is refused, in the file and in a flag: it is a typing
+/// mistake, and one of about 292 billion years made `idem serve` panic when it shut down (the
+/// grace's deadline did not fit the clock).
+#[test]
+fn a_duration_over_100_years_is_refused() {
+    let bad = file(
+        "huge-grace.toml",
+        "[upstream]\nurl = \"http://127.0.0.1:3000\"\n\n[server]\nshutdown_grace = \"500000000000y\"\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&bad)]),
+        &["huge-grace.toml:5:18", "longer than 100 years"],
+    );
+    assert_one_line_error(
+        &idem(&["serve", "--config", path(&bad), "--no-admin"]),
+        &["huge-grace.toml:5:18", "longer than 100 years"],
+    );
+    let ok = file(
+        "ok-huge.toml",
+        "[upstream]\nurl = \"http://127.0.0.1:3000\"\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&ok), "--retention", "101y"]),
+        &["--retention", "longer than 100 years"],
+    );
+    assert_one_line_error(
+        &idem(&["keys", "list", "--older-than", "1000000y"]),
+        &["--older-than", "longer than 100 years"],
+    );
+    // 100 years itself is taken.
+    let output = idem(&["check-config", path(&ok), "--lease", "100y"]);
+    assert!(output.status.success(), "{output:?}");
+}
+
+/// The gateway and its admin listener on one port cannot both listen: `check-config` says so
+/// (exit 2, naming where the address was set) instead of `serve` failing to bind (exit 1).
+#[test]
+fn the_gateway_and_the_admin_listener_on_one_port_is_refused() {
+    let clash = file(
+        "clash.toml",
+        "[upstream]\nurl = \"http://127.0.0.1:3000\"\n\n[server]\nlisten = \"0.0.0.0:18080\"\n\n[admin]\nlisten = \"127.0.0.1:18080\"\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&clash)]),
+        &["clash.toml:8:10", "cannot share a port"],
+    );
+    assert_one_line_error(
+        &idem(&["serve", "--config", path(&clash)]),
+        &["clash.toml:8:10", "cannot share a port"],
+    );
+    let ok = file(
+        "ok-ports.toml",
+        "[upstream]\nurl = \"http://127.0.0.1:3000\"\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&ok), "--listen", "127.0.0.1:9901"]),
+        &["--listen", "cannot share a port"],
+    );
+    // Another port, another address, port 0 or no admin listener: fine.
+    for args in [
+        ["--listen", "127.0.0.1:9902"],
+        ["--listen", "127.0.0.2:9901"],
+        ["--admin-listen", "127.0.0.1:0"],
+    ] {
+        let output = idem(&["check-config", path(&ok), args[0], args[1]]);
+        assert!(output.status.success(), "{args:?}: {output:?}");
+    }
+    let output = idem(&[
+        "check-config",
+        path(&ok),
+        "--listen",
+        "127.0.0.1:9901",
+        "--no-admin",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+}
+
+/// A listening address that is not an IP address and a port says how to write one, in the
+/// file as in a flag.
+#[test]
+fn a_bad_listening_address_says_how_to_write_one() {
+    let bad = file(
+        "listen.toml",
+        "[upstream]\nurl = \"http://127.0.0.1:3000\"\n\n[server]\nlisten = \"localhost:8080\"\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&bad)]),
+        &[
+            "listen.toml:5:10",
+            "invalid address \"localhost:8080\"",
+            "127.0.0.1:8080",
+        ],
+    );
+    let ok = file(
+        "ok-listen.toml",
+        "[upstream]\nurl = \"http://127.0.0.1:3000\"\n",
+    );
+    assert_one_line_error(
+        &idem(&[
+            "check-config",
+            path(&ok),
+            "--admin-listen",
+            "127.0.0.1:99999",
+        ]),
+        &["--admin-listen", "invalid address", "127.0.0.1:8080"],
+    );
+}

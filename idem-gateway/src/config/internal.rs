@@ -11,7 +11,9 @@ use toml::Spanned;
 
 use super::ConfigError;
 use super::toml::{FileConfig, KeyMode, LogFormat, OnStoreError, RouteSection};
-use super::value::{ByteSize, HumanDuration, PathPattern, ScopeSpec, StoreSpec, UpstreamUrl};
+use super::value::{
+    ByteSize, HumanDuration, ListenAddr, PathPattern, ScopeSpec, StoreSpec, UpstreamUrl,
+};
 use crate::normal_path::NormalPath;
 use crate::store::SettingError;
 
@@ -315,16 +317,18 @@ fn flag<T: std::str::FromStr<Err = String>>(
 }
 
 fn socket_addr(value: Option<&String>, name: &str) -> Result<Option<SocketAddr>, ConfigError> {
-    value
-        .map(|text| {
-            text.trim().parse::<SocketAddr>().map_err(|_| {
-                ConfigError::new(
-                    Some(name.to_owned()),
-                    format!("invalid address {text:?}: write it like 127.0.0.1:8080"),
-                )
-            })
-        })
-        .transpose()
+    Ok(flag::<ListenAddr>(value, name)?.map(|ListenAddr(addr)| addr))
+}
+
+/// Whether two listening addresses would take the same port: the same port (not 0), on the same
+/// IP address or where one of them is the unspecified address of the same family (`0.0.0.0`
+/// binds every IPv4 address; `[::]` every IPv6 one, and IPv4 too where the system maps it).
+fn same_port(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() == b.port()
+        && a.port() != 0
+        && (a.ip() == b.ip()
+            || a.ip().is_unspecified() && (a.is_ipv6() || b.is_ipv4())
+            || b.ip().is_unspecified() && (b.is_ipv6() || a.is_ipv4()))
 }
 
 fn positive(
@@ -613,8 +617,14 @@ impl Config {
             })?,
             None => defaults::workers(),
         };
+        let server_listen_at = match (&listen, &server.listen) {
+            (None, Some(spanned)) => Some(spanned.span().start),
+            _ => None,
+        };
         let server = ServerConfig {
-            listen: listen.or(server.listen).unwrap_or(defaults::LISTEN),
+            listen: listen
+                .or(server.listen.map(|spanned| spanned.into_inner().0))
+                .unwrap_or(defaults::LISTEN),
             max_header_bytes,
             max_headers,
             shutdown_grace: server
@@ -742,12 +752,36 @@ impl Config {
             None => None,
         };
         let admin_enabled = !overrides.no_admin && admin.enabled.unwrap_or(true);
+        let admin_listen_at = match (&admin_listen, &admin.listen) {
+            (None, Some(spanned)) => Some(spanned.span().start),
+            _ => None,
+        };
         let admin = admin_enabled.then(|| AdminConfig {
             listen: admin_listen
-                .or(admin.listen)
+                .or(admin.listen.map(|spanned| spanned.into_inner().0))
                 .unwrap_or(defaults::ADMIN_LISTEN),
             token,
         });
+        if let Some(admin) = &admin {
+            if same_port(server.listen, admin.listen) {
+                let message = format!(
+                    "the admin listener ({}) and the gateway ({}) cannot share a port: give the admin listener another (or disable it)",
+                    admin.listen, server.listen
+                );
+                // The admin address is named where it was set: a flag, or the file.
+                return Err(match (overrides.admin_listen.is_some(), admin_listen_at) {
+                    (true, _) => ConfigError::new(
+                        Some("--admin-listen (or IDEM_ADMIN_LISTEN)".to_owned()),
+                        message,
+                    ),
+                    (false, Some(at)) => origin.error_at(Some(at), message),
+                    (false, None) if overrides.listen.is_some() => {
+                        ConfigError::new(Some("--listen (or IDEM_LISTEN)".to_owned()), message)
+                    }
+                    (false, None) => origin.error_at(server_listen_at, message),
+                });
+            }
+        }
 
         let level = match &log.level {
             Some(spanned) => {

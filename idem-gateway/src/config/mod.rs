@@ -42,7 +42,9 @@ pub use internal::{
     AdminConfig, Config, LogConfig, Origin, Overrides, Route, RouteSettings, ServerConfig,
     StoreConfig, UpstreamConfig,
 };
-pub use value::{ByteSize, HumanDuration, PathPattern, ScopeSpec, StoreSpec, UpstreamUrl};
+pub use value::{
+    ByteSize, HumanDuration, ListenAddr, PathPattern, ScopeSpec, StoreSpec, UpstreamUrl,
+};
 
 /// A configuration that cannot be used: one line, naming where the bad value is.
 #[derive(Clone, Debug, PartialEq, Eq)]

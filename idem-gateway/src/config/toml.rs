@@ -3,13 +3,11 @@
 //!
 //! `idem.example.toml` at the root of this crate documents every key with its default.
 
-use std::net::SocketAddr;
-
 use serde::Deserialize;
 use toml::Spanned;
 
 use super::value::{
-    ByteSize, HumanDuration, MethodName, PathPattern, ScopeSpec, StoreSpec, UpstreamUrl,
+    ByteSize, HumanDuration, ListenAddr, MethodName, PathPattern, ScopeSpec, StoreSpec, UpstreamUrl,
 };
 
 /// The whole file.
@@ -38,7 +36,7 @@ pub struct FileConfig {
 #[serde(deny_unknown_fields)]
 pub struct ServerSection {
     /// The public address.
-    pub listen: Option<SocketAddr>,
+    pub listen: Option<Spanned<ListenAddr>>,
     /// The largest request head (request line and headers); larger -> 431.
     pub max_header_bytes: Option<Spanned<ByteSize>>,
     /// The most header lines in a request; more -> 431.
@@ -86,7 +84,7 @@ pub struct AdminSection {
     /// Whether the admin listener runs.
     pub enabled: Option<bool>,
     /// Its address.
-    pub listen: Option<SocketAddr>,
+    pub listen: Option<Spanned<ListenAddr>>,
     /// A bearer token every admin request must carry.
     pub token: Option<Spanned<String>>,
 }

@@ -2,6 +2,7 @@
 //! same parser, so both give the same error), and never panics on any input.
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
@@ -34,19 +35,32 @@ macro_rules! deserialize_from_str {
     };
 }
 
-/// A duration written the human way: `30s`, `24h`, `1h 30m`, `250ms`.
+/// A duration written the human way: `30s`, `24h`, `1h 30m`, `250ms`; at most
+/// [`HumanDuration::MAX`] (100 years).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct HumanDuration(pub Duration);
+
+impl HumanDuration {
+    /// The longest duration a setting takes: 100 years (of 365.25 days, as humantime counts
+    /// `100y`). Longer ones are typing mistakes, and no store keeps a record that long (each
+    /// clamps its expiry, each somewhere else); one of about 292 billion years no longer fits
+    /// the clock a deadline is counted on.
+    pub const MAX: Duration = Duration::from_secs(100 * 31_557_600);
+}
 
 impl FromStr for HumanDuration {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        humantime::parse_duration(text.trim())
-            .map(HumanDuration)
-            .map_err(|err| {
-                format!("invalid duration {text:?}: {err} (write it like 30s, 24h or 1h 30m)")
-            })
+        let duration = humantime::parse_duration(text.trim()).map_err(|err| {
+            format!("invalid duration {text:?}: {err} (write it like 30s, 24h or 1h 30m)")
+        })?;
+        if duration > HumanDuration::MAX {
+            return Err(format!(
+                "invalid duration {text:?}: longer than 100 years (write it like 30s, 24h or 1h 30m)"
+            ));
+        }
+        Ok(HumanDuration(duration))
     }
 }
 
@@ -57,6 +71,26 @@ impl fmt::Display for HumanDuration {
         write!(f, "{}", humantime::format_duration(self.0))
     }
 }
+
+/// A listening address: an IP address and a port (`127.0.0.1:8080`, `[::1]:8080`,
+/// `0.0.0.0:8080`; port 0 picks a free port). A host name is refused: a listener binds an
+/// address of this machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListenAddr(pub SocketAddr);
+
+impl FromStr for ListenAddr {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        text.trim().parse().map(ListenAddr).map_err(|_| {
+            format!(
+                "invalid address {text:?}: write it like 127.0.0.1:8080 (an IP address and a port)"
+            )
+        })
+    }
+}
+
+deserialize_from_str!(ListenAddr, "an address such as \"127.0.0.1:8080\"");
 
 /// A size in bytes: an integer, or text with a unit (`512`, `64KiB`, `1MiB`, `1GiB`; `kB`,
 /// `MB`, `GB` are powers of 1000).
@@ -564,6 +598,14 @@ mod tests {
         );
         let err = "3x".parse::<HumanDuration>().unwrap_err();
         assert!(err.contains("invalid duration \"3x\""), "{err}");
+        assert_eq!(
+            "100y".parse::<HumanDuration>().unwrap().0,
+            HumanDuration::MAX
+        );
+        for huge in ["101y", "36525days 1s", "500000000000y"] {
+            let err = huge.parse::<HumanDuration>().unwrap_err();
+            assert!(err.contains("longer than 100 years"), "{huge}: {err}");
+        }
         assert_eq!("1MiB".parse::<ByteSize>().unwrap().0, 1 << 20);
         assert_eq!("512".parse::<ByteSize>().unwrap().0, 512);
         assert!("1 TB".parse::<ByteSize>().is_err());
