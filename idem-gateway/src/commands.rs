@@ -200,6 +200,7 @@ async fn serve_gateway(
     metrics: Option<RenderMetrics>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Running, Failure> {
+    crate::telemetry::register_metrics(config.store.spec.kind());
     let tracker = Tracker::new();
     let addr = config.server.listen;
     let listeners = crate::server::bind_workers(addr, config.server.workers)

@@ -1,9 +1,15 @@
 //! Logs: tracing to stderr, as text or JSON lines, filtered by `RUST_LOG` or `[log] level`.
+//! Metrics: [`register_metrics`] describes every series the gateway exports and sets each at
+//! zero, so a scrape shows them all from the start.
 
+use idem_http::Outcome;
+use idem_http::metrics as layer;
 use tracing_subscriber::EnvFilter;
 
+use crate::admin::monitor;
 use crate::config::LogConfig;
 use crate::config::toml::LogFormat;
+use crate::gateway::metric as gateway;
 
 /// Installs the log subscriber (once per process; later calls do nothing).
 pub fn init_logs(config: &LogConfig) {
@@ -18,4 +24,165 @@ pub fn init_logs(config: &LogConfig) {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+/// The outcomes of `idem_http_requests_total`.
+const OUTCOMES: [Outcome; 7] = [
+    Outcome::Executed,
+    Outcome::Replayed,
+    Outcome::Conflict,
+    Outcome::Mismatch,
+    Outcome::Rejected,
+    Outcome::Bypassed,
+    Outcome::StoreError,
+];
+
+/// The kinds of `idem_failures_total` the layer counts: a handler (here, the upstream) that
+/// failed, panicked, answered a status that releases the key, or broke off its body.
+const FAILURE_KINDS: [&str; 4] = ["handler_error", "panic", "status", "body_error"];
+
+/// The store operations the layer times and counts the errors of.
+const STORE_OPS: [&str; 4] = ["claim", "heartbeat", "complete", "release"];
+
+/// The kinds of `idem_store_errors_total` (`StoreError::kind`).
+const STORE_ERROR_KINDS: [&str; 7] = [
+    "unavailable",
+    "timeout",
+    "corrupt",
+    "rejected",
+    "capacity",
+    "too_large",
+    "backend",
+];
+
+/// Describes the metrics of DESIGN.md section 8 that the gateway exports (the layer's and its
+/// own) and registers every series it knows the labels of at zero, on the store labelled
+/// `store`: Prometheus' advice for a series that may stay at zero, so that dashboards, alerts
+/// (`rate()`, `increase()`) and a reader of `/metrics` find `idem_lease_takeovers_total` before
+/// the first takeover. Without an installed recorder this does nothing; registering twice is
+/// harmless.
+pub fn register_metrics(store: &'static str) {
+    use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, histogram};
+
+    describe_counter!(
+        layer::REQUESTS,
+        "Requests through the idempotency layer, by outcome"
+    );
+    for outcome in OUTCOMES {
+        let _ = counter!(layer::REQUESTS, "outcome" => outcome.as_str());
+    }
+    for (name, help) in [
+        (
+            layer::CLAIMS_ACQUIRED,
+            "Claims acquired: the upstream was called under a key",
+        ),
+        (
+            layer::REPLAYS,
+            "Duplicates answered from a completed record",
+        ),
+        (
+            layer::COLLISIONS,
+            "Duplicates that met a record still in flight (409, or a wait)",
+        ),
+        (
+            layer::MISMATCHES,
+            "Keys reused with another method, path, query or body (422)",
+        ),
+        (
+            layer::TAKEOVERS,
+            "Claims that took over a lapsed lease (a crashed holder)",
+        ),
+        (
+            layer::LEASE_LOSSES,
+            "Leases lost while the upstream call ran (a heartbeat or completion refused)",
+        ),
+        (
+            layer::OMITTED,
+            "Responses stored without their body (over the storage cap)",
+        ),
+    ] {
+        describe_counter!(name, help);
+        let _ = counter!(name);
+    }
+    describe_counter!(
+        layer::FAILURES,
+        "Claims released without a stored response, by kind"
+    );
+    for kind in FAILURE_KINDS {
+        let _ = counter!(layer::FAILURES, "kind" => kind);
+    }
+    describe_histogram!(
+        layer::STORE_SECONDS,
+        Unit::Seconds,
+        "Store operation latency, by store and operation"
+    );
+    describe_counter!(
+        layer::STORE_ERRORS,
+        "Store operation errors, by store, operation and kind"
+    );
+    for op in STORE_OPS {
+        let _ = histogram!(layer::STORE_SECONDS, "store" => store, "op" => op);
+        for kind in STORE_ERROR_KINDS {
+            let _ = counter!(layer::STORE_ERRORS, "store" => store, "op" => op, "kind" => kind);
+        }
+    }
+
+    describe_counter!(
+        gateway::REQUESTS,
+        "Requests answered by the gateway, by route and status class"
+    );
+    describe_histogram!(
+        gateway::DURATION,
+        Unit::Seconds,
+        "Time to the response head, by route"
+    );
+    describe_counter!(
+        gateway::UPSTREAM_ERRORS,
+        "Upstream exchanges that gave no response, by kind"
+    );
+    for (name, help) in [
+        (monitor::IN_FLIGHT, "Records in flight in the store"),
+        (
+            monitor::IN_FLIGHT_LAPSED,
+            "Records in flight whose lease lapsed (a crashed holder, not yet taken over)",
+        ),
+        (
+            monitor::OLDEST_IN_FLIGHT,
+            "Age of the oldest record in flight, in seconds",
+        ),
+        (
+            monitor::STORE_RECORDS,
+            "Records the store holds (where it knows at once)",
+        ),
+        (
+            monitor::STORE_BYTES,
+            "Bytes the store's records hold, as counted against its byte budget",
+        ),
+    ] {
+        describe_gauge!(name, help);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_registered_labels_are_the_layers() {
+        let outcomes: Vec<&str> = OUTCOMES.iter().map(|o| o.as_str()).collect();
+        assert_eq!(
+            outcomes,
+            [
+                "executed",
+                "replayed",
+                "conflict",
+                "mismatch",
+                "rejected",
+                "bypassed",
+                "store_error"
+            ]
+        );
+        let kind = idem_core::StoreError::unavailable("down").kind();
+        assert!(STORE_ERROR_KINDS.contains(&kind), "{kind}");
+    }
 }

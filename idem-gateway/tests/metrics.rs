@@ -1,0 +1,121 @@
+//! `/metrics` of an `idem serve` process (its own Prometheus recorder, as in production): the
+//! metrics of DESIGN.md section 8 are there, described and at zero, before anything happened,
+//! and they count what a few requests do.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::{Fixture, Http, free_addr, metric_value, spawn_gateway};
+use http::Method;
+
+/// The series a fresh gateway on the memory store exports at 0, each with its `# HELP`: the
+/// layer's (claims acquired, duplicates, collisions, mismatches, failures by kind, takeovers,
+/// lease losses, store latency and errors by store and op, requests by outcome) and the
+/// gateway's own.
+const AT_ZERO: [&str; 14] = [
+    "idem_claims_acquired_total",
+    "idem_duplicates_replayed_total",
+    "idem_in_flight_collisions_total",
+    "idem_mismatches_total",
+    "idem_failures_total{kind=\"handler_error\"}",
+    "idem_lease_takeovers_total",
+    "idem_lease_losses_total",
+    "idem_responses_omitted_total",
+    "idem_store_operation_seconds_count{store=\"memory\",op=\"claim\"}",
+    "idem_store_errors_total{store=\"memory\",op=\"claim\",kind=\"unavailable\"}",
+    "idem_http_requests_total{outcome=\"executed\"}",
+    "idem_http_requests_total{outcome=\"store_error\"}",
+    "idem_gateway_requests_total{route=\"default\",status=\"2xx\"}",
+    "idem_gateway_upstream_errors_total{kind=\"timeout\"}",
+];
+
+/// Before: a series appeared only once it had counted something, so a fresh gateway (or one
+/// that never saw a takeover, a lease loss or a store error) did not export those at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_is_exported_from_the_start_and_counts_requests() {
+    let fixture = Fixture::start();
+    let admin_addr = free_addr().to_string();
+    let (_gateway, addr) = spawn_gateway(&[
+        "--upstream",
+        &format!("http://{}", fixture.addr),
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        &admin_addr,
+    ]);
+    let http = Http::new();
+    let admin = format!("http://{admin_addr}");
+    for series in AT_ZERO {
+        let (value, text) = metric_value(&http, &admin, series).await;
+        assert_eq!(value, Some(0.0), "{series} in:\n{text}");
+        let name = series.split(['{', ' ']).next().unwrap();
+        let family = name.strip_suffix("_count").unwrap_or(name);
+        assert!(
+            text.contains(&format!("# HELP {family} ")),
+            "no help for {family}"
+        );
+    }
+
+    // An execution, its replay, a mismatch, and a duplicate of a request in flight.
+    let echo = format!("http://{addr}/echo");
+    assert_eq!(http.post_key(&echo, "m-1", "10 EUR").await.status, 201);
+    assert!(http.post_key(&echo, "m-1", "10 EUR").await.replayed());
+    assert_eq!(http.post_key(&echo, "m-1", "99 EUR").await.status, 422);
+    let slow = format!("http://{addr}/slow?ms=1500");
+    let first = {
+        let (http, slow) = (http.clone(), slow.clone());
+        tokio::spawn(async move { http.post_key(&slow, "m-2", "").await })
+    };
+    // The duplicate goes once the first holds the key (the key API lists it in flight).
+    let keys = format!("{admin}/api/keys?state=in_flight");
+    let claimed = common::eventually(std::time::Duration::from_secs(10), || {
+        let (http, keys) = (http.clone(), keys.clone());
+        async move {
+            http.send(Method::GET, &keys, &[], "")
+                .await
+                .text()
+                .contains("\"m-2\"")
+        }
+    })
+    .await;
+    assert!(claimed, "the first request never held its key");
+    assert_eq!(http.post_key(&slow, "m-2", "").await.status, 409);
+    assert_eq!(first.await.unwrap().status, 200);
+    let get = http
+        .send(Method::GET, &format!("http://{addr}/counter"), &[], "")
+        .await;
+    assert_eq!(get.status, 200);
+
+    for (series, expected) in [
+        ("idem_claims_acquired_total", 2.0),
+        ("idem_duplicates_replayed_total", 1.0),
+        ("idem_mismatches_total", 1.0),
+        ("idem_http_requests_total{outcome=\"executed\"}", 2.0),
+        ("idem_http_requests_total{outcome=\"replayed\"}", 1.0),
+        ("idem_http_requests_total{outcome=\"mismatch\"}", 1.0),
+        ("idem_http_requests_total{outcome=\"bypassed\"}", 1.0),
+        ("idem_lease_takeovers_total", 0.0),
+        (
+            "idem_store_operation_seconds_count{store=\"memory\",op=\"claim\"}",
+            0.0,
+        ),
+    ] {
+        let (value, text) = metric_value(&http, &admin, series).await;
+        if series.starts_with("idem_store_operation_seconds_count") {
+            // Every claim is timed: at least the two executions, the replay and the mismatch.
+            assert!(value.is_some_and(|v| v >= 4.0), "{series} in:\n{text}");
+        } else {
+            assert_eq!(value, Some(expected), "{series} in:\n{text}");
+        }
+    }
+    let (collisions, text) = metric_value(&http, &admin, "idem_in_flight_collisions_total").await;
+    assert_eq!(collisions, Some(1.0), "{text}");
+    let (conflicts, text) = metric_value(
+        &http,
+        &admin,
+        "idem_http_requests_total{outcome=\"conflict\"}",
+    )
+    .await;
+    assert_eq!(conflicts, Some(1.0), "{text}");
+}
