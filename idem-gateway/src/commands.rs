@@ -42,9 +42,17 @@ impl Failure {
         }
     }
 
-    /// A runtime failure.
+    /// A runtime failure, said in one line (an error of a store's client may span several).
     pub fn runtime(message: impl fmt::Display) -> Self {
-        Failure::Runtime(message.to_string())
+        let message = message.to_string();
+        Failure::Runtime(
+            message
+                .lines()
+                .map(str::trim)
+                .filter(|line| !line.is_empty())
+                .collect::<Vec<_>>()
+                .join(" "),
+        )
     }
 }
 
@@ -169,7 +177,7 @@ pub async fn start(
     metrics: Option<RenderMetrics>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Running, Failure> {
-    let store = crate::store::open(&config.store).await?;
+    let store = crate::store::open_to_serve(&config.store).await?;
     // A Redis connection is driven by a task of the runtime that made it: each serving thread
     // gets its own, so that a store call does not wake another thread and wait for it (on
     // the memory, redb and PostgreSQL stores the serving threads share the one store).
@@ -278,7 +286,7 @@ fn workers(
             }
         };
         let worker_store = if own_stores {
-            run_on(&runtime, crate::store::open(&config.store))
+            run_on(&runtime, crate::store::open_to_serve(&config.store))
                 .map_err(Failure::runtime)
                 .and_then(|opened| opened)
         } else {
