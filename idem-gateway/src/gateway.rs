@@ -237,7 +237,7 @@ impl Gateway {
                 {
                     counter.increment(1);
                 }
-                tracing::warn!(route = %route.name, %method, path = uri.path(), error = %err, "upstream failed; the key, if any, is released");
+                tracing::warn!(route = %route.name, %method, path = uri.path(), error = %crate::proxy::error_chain(&err), "upstream failed; the key, if any, is released");
                 proxy_error_response(&err)
             }
         };
@@ -299,10 +299,12 @@ fn problem_of_type(status: StatusCode, type_uri: &str, detail: &str) -> Response
     response
 }
 
-/// The response for an upstream failure: 502, 503 (with `Retry-After`) or 504.
+/// The response for an upstream failure: 502, 503 (with `Retry-After`) or 504. Its detail is
+/// [`ProxyError::public_detail`]: the upstream's address and the underlying error go to the log
+/// only.
 #[must_use]
 pub fn proxy_error_response(err: &ProxyError) -> Response<GatewayBody> {
-    let mut response = problem(err.status(), err.name(), &err.to_string());
+    let mut response = problem(err.status(), err.name(), &err.public_detail());
     if matches!(err, ProxyError::ShuttingDown) {
         response
             .headers_mut()

@@ -162,6 +162,28 @@ impl ProxyError {
         }
     }
 
+    /// What the client is told: what went wrong, without the upstream's address or the
+    /// underlying error (those are for the gateway's log: a public client learns nothing of
+    /// the network behind the gateway).
+    #[must_use]
+    pub fn public_detail(&self) -> String {
+        match self {
+            ProxyError::Unreachable { .. } => "the upstream cannot be reached".to_owned(),
+            ProxyError::ConnectTimeout { after, .. } => format!(
+                "the upstream did not accept a connection within {}",
+                humantime::format_duration(*after)
+            ),
+            ProxyError::Timeout { after, .. } => format!(
+                "the upstream did not answer within {}",
+                humantime::format_duration(*after)
+            ),
+            ProxyError::Failed { .. } => "the upstream broke off the exchange".to_owned(),
+            ProxyError::ShuttingDown => {
+                "the gateway is shutting down: retry after the delay in Retry-After".to_owned()
+            }
+        }
+    }
+
     /// The variant's name, for the problem `type` link.
     #[must_use]
     pub fn name(&self) -> &'static str {

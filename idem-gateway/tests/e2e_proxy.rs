@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use common::{Gateway, config};
+use common::{Fixture, Gateway, Http, config, free_addr};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body::Frame;
 use http_body_util::{BodyExt, Full};
@@ -219,4 +219,35 @@ async fn proxy_authentication_headers_stop_at_the_gateway_both_ways() {
     }
     let sent = upstream.last_request_headers();
     assert!(!sent.contains_key(header::PROXY_AUTHORIZATION), "{sent:?}");
+}
+
+/// A 502 or 504 tells the client what went wrong, not where the upstream is nor what the
+/// connection said: those are the log's. Before, the detail was the log line itself
+/// ("cannot reach the upstream http://10.0.0.5:3000: ...").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_502_or_504_does_not_show_the_upstream_to_the_client() {
+    let http = Http::new();
+    let down = free_addr();
+    let gateway = Gateway::start(&config(down, "")).await;
+    let unreachable = http.post_key(&gateway.url("/pay"), "gone-1", "x").await;
+    assert_eq!(unreachable.status, 502);
+    let detail = unreachable.text();
+    assert!(
+        detail.contains("the upstream cannot be reached"),
+        "{detail}"
+    );
+    assert!(!detail.contains(&down.to_string()), "{detail}");
+    assert!(!detail.contains("Connect"), "{detail}");
+
+    let fixture = Fixture::start();
+    let mut settings = config(fixture.addr, "");
+    settings.upstream.as_mut().unwrap().timeout = std::time::Duration::from_millis(300);
+    let slow_gateway = Gateway::start(&settings).await;
+    let timed_out = http
+        .post_key(&slow_gateway.url("/slow?ms=3000"), "slow-1", "")
+        .await;
+    assert_eq!(timed_out.status, 504);
+    let detail = timed_out.text();
+    assert!(detail.contains("did not answer within 300ms"), "{detail}");
+    assert!(!detail.contains(&fixture.addr.to_string()), "{detail}");
 }
