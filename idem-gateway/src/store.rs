@@ -230,9 +230,21 @@ enum Opening {
 }
 
 async fn open_as(config: &StoreConfig, opening: Opening) -> Result<Arc<dyn Store>, Failure> {
-    connect(config, opening)
-        .await
-        .map_err(|err| err.into_failure(&config.spec))
+    connect(config, opening).await.map_err(|err| match err {
+        // A redb file has one owner at a time: the gateway serving it, most likely, whose admin
+        // listener `idem keys` can ask instead.
+        Opened::Down(err)
+            if opening == Opening::Existing
+                && matches!(config.spec, StoreSpec::Redb(_))
+                && err.is_retryable() =>
+        {
+            Failure::runtime(format!(
+                "store {}: {err} (if a running gateway holds it, ask that gateway: --admin http://ADMIN_ADDR)",
+                config.spec
+            ))
+        }
+        err => err.into_failure(&config.spec),
+    })
 }
 
 /// Why a store did not open.

@@ -86,3 +86,44 @@ fn keys_commands_do_not_create_a_store_file() {
     assert!(!file.exists(), "idem keys created a store file");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `idem keys` on a redb file a running gateway holds cannot open it (one owner at a time):
+/// the one error line says so and points to the gateway's admin listener, which answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_on_a_file_a_gateway_holds_points_to_its_admin_listener() {
+    let fixture = Fixture::start();
+    let dir = std::env::temp_dir().join(format!("idem-gw-redb-held-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = format!("redb:{}", dir.join("records.redb").display());
+    let admin = common::free_addr().to_string();
+    let (_gateway, addr) = spawn_gateway(&[
+        "--store",
+        &store,
+        "--upstream",
+        &format!("http://{}", fixture.addr),
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        &admin,
+    ]);
+    let reply = Http::new()
+        .post_key(&format!("http://{addr}/echo"), "held", "x")
+        .await;
+    assert_eq!(reply.status, 201);
+    let direct = idem_command("keys")
+        .args(["get", "held", "--store", &store])
+        .output()
+        .unwrap();
+    assert_one_error_line(&direct, 1, &format!("store {store}: "));
+    let stderr = String::from_utf8_lossy(&direct.stderr);
+    assert!(stderr.contains("--admin http://ADMIN_ADDR"), "{stderr}");
+    let asked = idem_command("keys")
+        .args(["get", "held", "--admin", &format!("http://{admin}")])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&asked.stdout);
+    assert!(asked.status.success(), "{out}");
+    assert!(out.contains("state: completed"), "{out}");
+    drop(_gateway);
+    let _ = std::fs::remove_dir_all(&dir);
+}
