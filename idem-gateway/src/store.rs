@@ -84,7 +84,7 @@ impl Deferred {
     /// The least time between two tries to connect.
     pub const RETRY_EVERY: Duration = Duration::from_secs(1);
     /// How long one try to connect may take.
-    pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+    pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
     /// A store for `config` that is not connected yet; `err` is why the first try failed.
     #[must_use]
