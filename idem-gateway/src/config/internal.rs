@@ -134,7 +134,7 @@ pub struct ServerConfig {
 pub struct UpstreamConfig {
     /// Its base URL.
     pub url: UpstreamUrl,
-    /// The limit to connect (502 after it).
+    /// The limit to connect (504 after it, the key released).
     pub connect_timeout: Duration,
     /// The limit for the response head (504 after it).
     pub timeout: Duration,

@@ -53,7 +53,7 @@ pub struct ServerSection {
 pub struct UpstreamSection {
     /// `http://HOST[:PORT]`.
     pub url: Option<UpstreamUrl>,
-    /// The limit to open a connection (502 after it).
+    /// The limit to open a connection (504 after it, the key released).
     pub connect_timeout: Option<Spanned<HumanDuration>>,
     /// The limit for the upstream's response head (504 after it).
     pub timeout: Option<Spanned<HumanDuration>>,
