@@ -194,22 +194,26 @@ impl Gateway {
         // it; the request itself goes on as it came.
         let route = match NormalPath::new(request.uri().path()) {
             Ok(path) => self.routes.iter().find(|r| r.path.matches(&path)),
-            Err(err @ PathError::AboveRoot) => {
+            Err(err) => {
+                let (status, variant) = match err {
+                    PathError::AboveRoot => (StatusCode::BAD_REQUEST, "AboveRoot"),
+                    // A request target without a path (`*`, or a CONNECT's authority): no
+                    // route covers it.
+                    PathError::NotAbsolute => (StatusCode::NOT_FOUND, "NotAbsolute"),
+                };
                 tracing::debug!(method = %request.method(), path = request.uri().path(), "refused: {err}");
                 return problem_of_type(
-                    StatusCode::BAD_REQUEST,
-                    &format!("{DOCS}/normal_path/enum.PathError.html#variant.AboveRoot"),
+                    status,
+                    &format!("{DOCS}/normal_path/enum.PathError.html#variant.{variant}"),
                     &format!("{err}: the request is not forwarded"),
                 );
             }
-            // A request target without a path (`*`, or a CONNECT's authority).
-            Err(PathError::NotAbsolute) => None,
         };
         let Some(route) = route else {
-            // The catch-all route covers every path.
-            return problem(
+            // Never: the catch-all route covers every path.
+            return problem_of_type(
                 StatusCode::NOT_FOUND,
-                "NoRoute",
+                "about:blank",
                 "no route covers this request target",
             );
         };

@@ -637,6 +637,15 @@ async fn a_path_above_the_root_is_400_and_never_forwarded() {
     )
     .await;
     assert!(raw.starts_with("HTTP/1.1 400"), "{raw}");
+    // A request target without a path is no route's: a 404 whose type says why.
+    let raw = raw_exchange(
+        &gateway,
+        "OPTIONS * HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(raw.starts_with("HTTP/1.1 404"), "{raw}");
+    assert!(raw.contains("application/problem+json"), "{raw}");
+    assert!(raw.contains("#variant.NotAbsolute"), "{raw}");
     assert_eq!(fixture.count().await, 0);
     for key in ["above-1", "above-2", "above-3"] {
         assert!(gateway.store.get(&record_key(key)).await.unwrap().is_none());
