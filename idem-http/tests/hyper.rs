@@ -20,6 +20,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use idem_http::{IdempotencyLayer, Outcome};
 use idem_store_memory::MemoryStore;
@@ -61,6 +62,33 @@ impl Body for Either {
     }
 }
 
+/// Serves `service` on 127.0.0.1:0, over HTTP/1.1 or HTTP/2 (prior knowledge) as each client
+/// speaks: its address, and the accept loop to abort at the end.
+async fn serve<S, B>(service: S) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>)
+where
+    S: tower::Service<Request<Incoming>, Response = Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let service = TowerToHyperService::new(service.clone());
+            tokio::spawn(async move {
+                let _ = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (addr, server)
+}
+
 #[tokio::test]
 async fn the_layer_serves_a_plain_hyper_service_fn() {
     let counter = Arc::new(AtomicU64::new(0));
@@ -89,19 +117,7 @@ async fn the_layer_serves_a_plain_hyper_service_fn() {
         .layer(IdempotencyLayer::new(MemoryStore::new()))
         .service(handler);
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let service = TowerToHyperService::new(service.clone());
-            tokio::spawn(async move {
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
+    let (addr, server) = serve(service).await;
 
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let send = |key: &str, body: &'static str| {
@@ -153,19 +169,7 @@ async fn a_replay_over_http2_carries_the_trailers() {
         .layer(IdempotencyLayer::new(MemoryStore::new()))
         .service(handler);
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let service = TowerToHyperService::new(service.clone());
-            tokio::spawn(async move {
-                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
+    let (addr, server) = serve(service).await;
 
     let client = Client::builder(TokioExecutor::new())
         .http2_only(true)
@@ -236,19 +240,7 @@ async fn a_replay_over_http1_carries_the_trailers() {
         .layer(IdempotencyLayer::new(MemoryStore::new()))
         .service(handler);
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let service = TowerToHyperService::new(service.clone());
-            tokio::spawn(async move {
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
+    let (addr, server) = serve(service).await;
 
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let send = || {
