@@ -127,6 +127,18 @@ impl StoreError {
         }
     }
 
+    /// Every [`StoreError::kind`], in the order of the variants: the `kind` labels a metric of
+    /// store errors can carry.
+    pub const KINDS: [&'static str; 7] = [
+        "unavailable",
+        "timeout",
+        "corrupt",
+        "rejected",
+        "capacity",
+        "too_large",
+        "backend",
+    ];
+
     /// A short, stable name of the variant for metrics labels and logs.
     #[must_use]
     pub fn kind(&self) -> &'static str {
@@ -205,6 +217,28 @@ mod tests {
         let err = StoreError::unavailable(std::io::Error::other("refused"));
         assert!(err.source().is_some());
         assert_eq!(err.kind(), "unavailable");
+    }
+
+    #[test]
+    fn kinds_lists_the_kind_of_every_variant_in_order() {
+        let key = RecordKey::unscoped(crate::IdempotencyKey::new("k").unwrap());
+        let every = [
+            StoreError::unavailable("down"),
+            StoreError::Timeout {
+                op: "claim",
+                after: std::time::Duration::from_secs(1),
+            },
+            StoreError::corrupt(&key, "no state"),
+            StoreError::Rejected(Rejection::NotFound),
+            StoreError::Capacity { limit: 1 },
+            StoreError::TooLarge { size: 2, limit: 1 },
+            StoreError::Backend {
+                source: "refused".into(),
+                retryable: false,
+            },
+        ];
+        let kinds: Vec<&str> = every.iter().map(StoreError::kind).collect();
+        assert_eq!(kinds, StoreError::KINDS);
     }
 
     #[test]

@@ -26,35 +26,6 @@ pub fn init_logs(config: &LogConfig) {
     };
 }
 
-/// The outcomes of `idem_http_requests_total`.
-const OUTCOMES: [Outcome; 7] = [
-    Outcome::Executed,
-    Outcome::Replayed,
-    Outcome::Conflict,
-    Outcome::Mismatch,
-    Outcome::Rejected,
-    Outcome::Bypassed,
-    Outcome::StoreError,
-];
-
-/// The kinds of `idem_failures_total` the layer counts: a handler (here, the upstream) that
-/// failed, panicked, answered a status that releases the key, or broke off its body.
-const FAILURE_KINDS: [&str; 4] = ["handler_error", "panic", "status", "body_error"];
-
-/// The store operations the layer times and counts the errors of.
-const STORE_OPS: [&str; 4] = ["claim", "heartbeat", "complete", "release"];
-
-/// The kinds of `idem_store_errors_total` (`StoreError::kind`).
-const STORE_ERROR_KINDS: [&str; 7] = [
-    "unavailable",
-    "timeout",
-    "corrupt",
-    "rejected",
-    "capacity",
-    "too_large",
-    "backend",
-];
-
 /// Describes the metrics of DESIGN.md section 8 that the gateway exports (the layer's and its
 /// own) and registers every series it knows the labels of at zero, on the store labelled
 /// `store`: Prometheus' advice for a series that may stay at zero, so that dashboards, alerts
@@ -68,7 +39,7 @@ pub fn register_metrics(store: &'static str) {
         layer::REQUESTS,
         "Requests through the idempotency layer, by outcome"
     );
-    for outcome in OUTCOMES {
+    for outcome in Outcome::ALL {
         let _ = counter!(layer::REQUESTS, "outcome" => outcome.as_str());
     }
     for (name, help) in [
@@ -108,7 +79,7 @@ pub fn register_metrics(store: &'static str) {
         layer::FAILURES,
         "Claims released without a stored response, by kind"
     );
-    for kind in FAILURE_KINDS {
+    for kind in layer::FAILURE_KINDS {
         let _ = counter!(layer::FAILURES, "kind" => kind);
     }
     describe_histogram!(
@@ -120,9 +91,9 @@ pub fn register_metrics(store: &'static str) {
         layer::STORE_ERRORS,
         "Store operation errors, by store, operation and kind"
     );
-    for op in STORE_OPS {
+    for op in layer::STORE_OPS {
         let _ = histogram!(layer::STORE_SECONDS, "store" => store, "op" => op);
-        for kind in STORE_ERROR_KINDS {
+        for kind in idem_core::StoreError::KINDS {
             let _ = counter!(layer::STORE_ERRORS, "store" => store, "op" => op, "kind" => kind);
         }
     }
@@ -160,29 +131,5 @@ pub fn register_metrics(store: &'static str) {
         ),
     ] {
         describe_gauge!(name, help);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_registered_labels_are_the_layers() {
-        let outcomes: Vec<&str> = OUTCOMES.iter().map(|o| o.as_str()).collect();
-        assert_eq!(
-            outcomes,
-            [
-                "executed",
-                "replayed",
-                "conflict",
-                "mismatch",
-                "rejected",
-                "bypassed",
-                "store_error"
-            ]
-        );
-        let kind = idem_core::StoreError::unavailable("down").kind();
-        assert!(STORE_ERROR_KINDS.contains(&kind), "{kind}");
     }
 }

@@ -32,6 +32,19 @@ pub const REQUESTS: &str = "idem_http_requests_total";
 /// Responses stored without their body (over the storage cap).
 pub const OMITTED: &str = "idem_responses_omitted_total";
 
+/// The `kind` labels of `idem_failures_total` the layer counts: a handler that returned an
+/// error, panicked, answered a status that releases the key, or broke off its response body.
+pub const FAILURE_KINDS: [&str; 4] = ["handler_error", "panic", "status", "body_error"];
+
+/// The `op` labels of the store metrics the layer records (`idem_store_operation_seconds`,
+/// `idem_store_errors_total`).
+pub const STORE_OPS: [&str; 4] = [
+    Op::Claim.as_str(),
+    Op::Heartbeat.as_str(),
+    Op::Complete.as_str(),
+    Op::Release.as_str(),
+];
+
 /// What the layer's metrics say of themselves to the recorder (as `metrics::counter!` would).
 static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
@@ -91,7 +104,7 @@ pub(crate) enum Op {
 impl Op {
     const ALL: [Op; 4] = [Op::Claim, Op::Heartbeat, Op::Complete, Op::Release];
 
-    fn as_str(self) -> &'static str {
+    const fn as_str(self) -> &'static str {
         match self {
             Op::Claim => "claim",
             Op::Heartbeat => "heartbeat",
@@ -154,16 +167,7 @@ mod tests {
 
     #[test]
     fn each_outcome_counts_under_its_own_label() {
-        let outcomes = [
-            Outcome::Executed,
-            Outcome::Replayed,
-            Outcome::Conflict,
-            Outcome::Mismatch,
-            Outcome::Rejected,
-            Outcome::Bypassed,
-            Outcome::StoreError,
-        ];
-        for outcome in outcomes {
+        for outcome in Outcome::ALL {
             let key = request_key(outcome);
             assert_eq!(key.name(), REQUESTS);
             let labels: Vec<_> = key.labels().map(|l| (l.key(), l.value())).collect();

@@ -35,6 +35,18 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome, in the order of the variants: the `outcome` labels of
+    /// `idem_http_requests_total`.
+    pub const ALL: [Outcome; 7] = [
+        Outcome::Executed,
+        Outcome::Replayed,
+        Outcome::Conflict,
+        Outcome::Mismatch,
+        Outcome::Rejected,
+        Outcome::Bypassed,
+        Outcome::StoreError,
+    ];
+
     /// A short, stable name for metrics labels and logs.
     #[must_use]
     pub const fn as_str(self) -> &'static str {
@@ -53,5 +65,27 @@ impl Outcome {
 impl fmt::Display for Outcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_names_every_outcome_once() {
+        let names: Vec<&str> = Outcome::ALL.iter().map(|o| o.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "executed",
+                "replayed",
+                "conflict",
+                "mismatch",
+                "rejected",
+                "bypassed",
+                "store_error"
+            ]
+        );
     }
 }
