@@ -19,6 +19,7 @@ use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
@@ -147,6 +148,27 @@ async fn the_layer_serves_a_plain_hyper_service_fn() {
     server.abort();
 }
 
+/// Posts `10 EUR` to `/pay` at `addr` under `key`, asking for trailers, and reads the whole
+/// answer, which must come over `version`: its head, its body and its trailers.
+async fn post_reading_trailers(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    addr: std::net::SocketAddr,
+    key: &str,
+    version: http::Version,
+) -> (http::response::Parts, Bytes, Option<http::HeaderMap>) {
+    let request = Request::post(format!("http://{addr}/pay"))
+        .header("idempotency-key", key)
+        .header("te", "trailers")
+        .body(Full::new(Bytes::from_static(b"10 EUR")))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    assert_eq!(response.version(), version);
+    let (parts, body) = response.into_parts();
+    let collected = body.collect().await.unwrap();
+    let trailers = collected.trailers().cloned();
+    (parts, collected.to_bytes(), trailers)
+}
+
 /// Over real HTTP/2 (where trailers travel as a last HEADERS frame), a handler's trailers
 /// reach the first caller and, stored with the response, the caller of a replay.
 #[tokio::test]
@@ -174,21 +196,7 @@ async fn a_replay_over_http2_carries_the_trailers() {
     let client = Client::builder(TokioExecutor::new())
         .http2_only(true)
         .build_http::<Full<Bytes>>();
-    let send = || {
-        let request = Request::post(format!("http://{addr}/pay"))
-            .header("idempotency-key", "\"h2\"")
-            .body(Full::new(Bytes::from_static(b"10 EUR")))
-            .unwrap();
-        let client = client.clone();
-        async move {
-            let response = client.request(request).await.unwrap();
-            assert_eq!(response.version(), http::Version::HTTP_2);
-            let (parts, body) = response.into_parts();
-            let collected = body.collect().await.unwrap();
-            let trailers = collected.trailers().cloned();
-            (parts, collected.to_bytes(), trailers)
-        }
-    };
+    let send = || post_reading_trailers(&client, addr, "\"h2\"", http::Version::HTTP_2);
     let (first, first_body, first_trailers) = send().await;
     assert!(first.headers.get("idempotent-replayed").is_none());
     assert_eq!(first_body, "paid");
@@ -243,22 +251,7 @@ async fn a_replay_over_http1_carries_the_trailers() {
     let (addr, server) = serve(service).await;
 
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let send = || {
-        let request = Request::post(format!("http://{addr}/pay"))
-            .header("idempotency-key", "\"h1\"")
-            .header("te", "trailers")
-            .body(Full::new(Bytes::from_static(b"10 EUR")))
-            .unwrap();
-        let client = client.clone();
-        async move {
-            let response = client.request(request).await.unwrap();
-            assert_eq!(response.version(), http::Version::HTTP_11);
-            let (parts, body) = response.into_parts();
-            let collected = body.collect().await.unwrap();
-            let trailers = collected.trailers().cloned();
-            (parts, collected.to_bytes(), trailers)
-        }
-    };
+    let send = || post_reading_trailers(&client, addr, "\"h1\"", http::Version::HTTP_11);
     let (first, first_body, first_trailers) = send().await;
     assert_eq!(first_body, "paid");
     assert!(first.headers.get("content-length").is_none());
