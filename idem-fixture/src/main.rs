@@ -59,6 +59,11 @@ use axum::routing::{any, get, post};
 use idem_core::Store;
 use idem_http::{Config, IdempotencyLayer};
 
+/// mimalloc, as the `idem` gateway uses: the fixture is what `bench/http.sh` measures, with
+/// and without the layer, so both sides run on the allocator a server would ship with.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The largest `/large` and `/slow` arguments, so a typo cannot exhaust the machine.
 const MAX_LARGE: usize = 256 * 1024 * 1024;
 const MAX_SLOW_MS: u64 = 600_000;
