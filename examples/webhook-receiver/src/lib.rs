@@ -1,8 +1,9 @@
 //! A webhook receiver on idem-worker.
 //!
 //! `POST /webhooks/{source}` takes an event. Its id (the `X-Event-Id` header, or the `id` field
-//! of a JSON body) names the business operation: the key is `webhook:{source}:{id}`. The
-//! receiver claims the key at once and answers:
+//! of a JSON body) names the business operation: the key is `webhook:{source}:{id}` (a `:` or
+//! `%` in the source percent-encoded, so that each source has keys of its own). The receiver
+//! claims the key at once and answers:
 //!
 //! | situation | answer |
 //! |---|---|
@@ -251,8 +252,11 @@ fn event_id(headers: &HeaderMap, body: &[u8], config: &Config) -> Option<String>
     }
 }
 
-/// The key of event `id` from `source`.
+/// The key of event `id` from `source`: `webhook:{source}:{id}`, with `%` and `:` of the
+/// source percent-encoded, so the first `:` after the source ends it and two (source, id)
+/// pairs never share a key (source `a:b` with id `c` against source `a` with id `b:c`).
 fn event_key(source: &str, id: &str) -> Result<IdempotencyKey, idem_core::KeyError> {
+    let source = source.replace('%', "%25").replace(':', "%3A");
     IdempotencyKey::new(format!("webhook:{source}:{id}"))
 }
 

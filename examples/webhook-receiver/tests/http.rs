@@ -355,3 +355,31 @@ async fn a_retry_waiting_for_its_backoff_does_not_hold_up_other_events() {
     let done = until_done(receiver.addr, "/webhooks/s", Some("b"), "{}").await;
     assert_eq!(done.json(), json!({"processed": "b"}));
 }
+
+/// Each source has keys of its own: source `a:b` with event `c` and source `a` with event
+/// `b:c` are two events (both run), although `webhook:{source}:{id}` spells both
+/// `webhook:a:b:c`.
+#[tokio::test]
+async fn two_sources_never_share_a_key() {
+    let receiver = start(Config::default()).await;
+    receiver.gate.add_permits(100);
+    let body = r#"{"amount":10}"#;
+    let first = post(receiver.addr, "/webhooks/a:b", Some("c"), body).await;
+    assert_eq!(first.status, 202, "{}", first.body);
+    let second = post(receiver.addr, "/webhooks/a", Some("b:c"), body).await;
+    assert_eq!(second.status, 202, "{}", second.body);
+    // A percent sign in the source is escaped too: `a%3Ab` (decoded from `a%253Ab`) is not `a:b`.
+    let third = post(receiver.addr, "/webhooks/a%253Ab", Some("c"), body).await;
+    assert_eq!(third.status, 202, "{}", third.body);
+    wait_for(&receiver.executed, 3).await;
+    for (path, id) in [
+        ("/webhooks/a:b", "c"),
+        ("/webhooks/a", "b:c"),
+        ("/webhooks/a%253Ab", "c"),
+    ] {
+        let replay = until_done(receiver.addr, path, Some(id), body).await;
+        assert_eq!(replay.status, 200, "{path} {id}: {}", replay.body);
+        assert_eq!(replay.json(), json!({"processed": id}));
+    }
+    assert_eq!(receiver.executed.load(Ordering::SeqCst), 3);
+}
