@@ -52,7 +52,9 @@
 //! | a live claim | [`Outcome::InFlight`] | [`Disposition::Retry`] with backoff, at most until the holder's lease lapses |
 //! | another fingerprint | [`Outcome::Mismatch`] | [`Disposition::DeadLetter`] |
 //! | a permanent failure | [`Outcome::Failed`] | [`Disposition::DeadLetter`] |
-//! | an error | [`Outcome::Error`] | retry with backoff, or dead-letter |
+//! | an error a retry may cure (unreachable, timed out) | [`Outcome::Error`] | retry with backoff, dead-letter once the attempts are spent |
+//! | an error no retry cures (a corrupt record) | [`Outcome::Error`] | [`Disposition::DeadLetter`] |
+//! | a result that does not decode into `T` ([`RunError::Decode`]) | [`Outcome::Error`] | [`Disposition::DeadLetter`]: the job ran before, it does not run again |
 //!
 //! A claim whose answer times out may have been granted all the same; the guard sends it once
 //! more with the same owner token, and the store answers that grant (the job runs) or grants
@@ -71,6 +73,8 @@
 //! | [`JobError::permanent`] | failed, kept | [`Outcome::Failed`] | dead-letter |
 //! | [`JobError::unknown`] | claim kept until the lease ends | [`RunError::UnknownOutcome`] | retry after the lease |
 //! | a panic | released | [`RunError::Panicked`] | retry with backoff |
+//! | `Ok(result)` that does not encode | failed, kept | [`RunError::Encode`] | dead-letter |
+//! | `Ok(result)` over the store's size limit | failed, kept | [`Outcome::Failed`] | dead-letter |
 //!
 //! Retries are bounded by the [`RetryPolicy`]: past its attempts, the disposition is
 //! dead-letter. A dropped run future releases the key from a spawned task and records

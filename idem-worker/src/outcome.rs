@@ -103,7 +103,9 @@ pub enum RunError {
     /// recorded as failed permanently rather than run again.
     #[error("the job's result could not be encoded (recorded as a permanent failure): {0}")]
     Encode(#[source] serde_json::Error),
-    /// A recorded result could not be decoded into the job's result type.
+    /// A recorded result could not be decoded into the job's result type (the type changed
+    /// since it was recorded). The job ran before and does not run again: the disposition is
+    /// dead-letter.
     #[error("the recorded result could not be decoded: {0}")]
     Decode(#[source] serde_json::Error),
 }

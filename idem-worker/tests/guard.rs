@@ -573,6 +573,33 @@ async fn a_result_that_cannot_be_encoded_is_recorded_as_a_permanent_failure() {
     assert_eq!(state_of(&store, "k").await, Some(State::Failed));
 }
 
+/// A result over the store's size limit cannot be recorded, and running the job again would
+/// repeat its effect: the failure is recorded as permanent, every later delivery gets it, and
+/// the message is dead-lettered.
+#[tokio::test]
+async fn a_result_over_the_stores_limit_is_recorded_as_a_permanent_failure() {
+    let store = Arc::new(
+        MemoryStore::builder()
+            .shards(std::num::NonZeroUsize::MIN)
+            .max_bytes(std::num::NonZeroUsize::new(4_096).unwrap())
+            .build(),
+    );
+    let guard = guard(store.clone());
+    let runs = AtomicU32::new(0);
+    let big = "x".repeat(10_000);
+    let run = guard.run(&key("k"), fp("p"), |_| ok_job(&runs, &big)).await;
+    assert!(
+        matches!(run.outcome, Outcome::Failed(ref failure) if failure.message.contains("over the store's limit")),
+        "{run:?}"
+    );
+    assert_eq!(run.disposition, Disposition::DeadLetter);
+    assert_eq!(state_of(&store, "k").await, Some(State::Failed));
+    let again = guard.run(&key("k"), fp("p"), |_| ok_job(&runs, &big)).await;
+    assert!(matches!(again.outcome, Outcome::Failed(_)), "{again:?}");
+    assert_eq!(again.disposition, Disposition::DeadLetter);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
 #[tokio::test]
 async fn the_context_carries_key_fence_and_delivery() {
     let guard = guard(Arc::new(MemoryStore::new()));
