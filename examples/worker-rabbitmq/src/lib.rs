@@ -15,7 +15,7 @@
 //! | disposition | RabbitMQ |
 //! |---|---|
 //! | ack | `basic.ack` |
-//! | retry after a delay | a copy goes to `Q.retry` with that per-message TTL and the next delivery count in `x-idem-delivery` (publisher-confirmed), then `basic.ack`; if that publish fails, `basic.nack` with requeue |
+//! | retry after a delay | a copy (the same properties and headers) goes to `Q.retry` with that per-message TTL and the next delivery count in `x-idem-delivery` (publisher-confirmed), then `basic.ack`; if that publish fails, `basic.nack` with requeue |
 //! | dead-letter | `basic.nack` without requeue: the broker routes it through `Q.dlx` to `Q.dead` |
 //!
 //! The key is the `Idempotency-Key` header, else the `key` field of a JSON body; a message
@@ -279,7 +279,11 @@ pub async fn settle(
             let next = i64::from(delivery_count(delivery).saturating_add(1));
             headers.insert(DELIVERY_HEADER.into(), AMQPValue::LongLongInt(next));
             let millis = after.as_millis().max(1).to_string();
-            let properties = BasicProperties::default()
+            // The same message: its properties (content type, message id...) go along; only
+            // the headers, the persistence and the delay are the copy's own.
+            let properties = delivery
+                .properties
+                .clone()
                 .with_headers(headers)
                 .with_delivery_mode(2)
                 .with_expiration(millis.as_str().into());

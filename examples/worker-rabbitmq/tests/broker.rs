@@ -178,3 +178,96 @@ async fn a_message_that_keeps_crashing_its_consumer_is_dead_lettered() {
     assert_eq!(&dead.delivery.data[..], b"{}");
     broker.delete().await;
 }
+
+/// A retried message is the same message: the copy that goes through the retry queue keeps the
+/// original's properties (content type, message id, correlation id...) beside the key header,
+/// with the next delivery count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_message_keeps_its_properties() {
+    use lapin::BasicProperties;
+    use lapin::options::BasicPublishOptions;
+    use lapin::types::{AMQPValue, FieldTable, LongString};
+    use worker_rabbitmq::{DELIVERY_HEADER, KEY_HEADER, settle};
+
+    let Some(broker) = Broker::with_queue("idem.test.props").await else {
+        return;
+    };
+    let (channel, names) = (&broker.channel, &broker.names);
+    let mut headers = FieldTable::default();
+    headers.insert(
+        KEY_HEADER.into(),
+        AMQPValue::LongString(LongString::from("props:1")),
+    );
+    let properties = BasicProperties::default()
+        .with_headers(headers)
+        .with_delivery_mode(2)
+        .with_content_type("application/json".into())
+        .with_message_id("msg-1".into())
+        .with_correlation_id("corr-1".into())
+        .with_app_id("billing".into());
+    channel
+        .basic_publish(
+            "".into(),
+            broker.queue.as_str().into(),
+            BasicPublishOptions::default(),
+            b"{}",
+            properties,
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let get = |queue: String| async move {
+        for _ in 0..200 {
+            if let Some(message) = channel
+                .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: false })
+                .await
+                .unwrap()
+            {
+                return message;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("nothing on {queue}");
+    };
+    let first = get(broker.queue.clone()).await;
+    settle(
+        channel,
+        names,
+        &first.delivery,
+        idem_worker::Disposition::Retry {
+            after: Duration::from_millis(1),
+        },
+    )
+    .await
+    .unwrap();
+    // Back on the work queue once its delay ran out in the retry queue.
+    let again = get(broker.queue.clone()).await;
+    let props = &again.delivery.properties;
+    assert_eq!(
+        props.content_type().as_ref().map(|v| v.as_str()),
+        Some("application/json")
+    );
+    assert_eq!(
+        props.message_id().as_ref().map(|v| v.as_str()),
+        Some("msg-1")
+    );
+    assert_eq!(
+        props.correlation_id().as_ref().map(|v| v.as_str()),
+        Some("corr-1")
+    );
+    assert_eq!(props.app_id().as_ref().map(|v| v.as_str()), Some("billing"));
+    let headers = props.headers().as_ref().unwrap().inner();
+    assert!(headers.contains_key(KEY_HEADER));
+    assert_eq!(
+        delivery_count_of(props.headers().as_ref(), again.delivery.redelivered),
+        2
+    );
+    assert!(headers.contains_key(DELIVERY_HEADER));
+    again
+        .delivery
+        .ack(lapin::options::BasicAckOptions::default())
+        .await
+        .unwrap();
+    broker.delete().await;
+}
