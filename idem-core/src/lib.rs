@@ -41,8 +41,10 @@
 //! - [`machine`]: the transitions, as pure functions;
 //! - [`Store`], [`StoreError`]: the contract of every backend;
 //! - [`OwnerToken`], [`Fence`], [`Lease`]: the identity of one attempt;
-//! - [`Clock`], [`SystemClock`], [`ManualClock`]: store time, injectable for tests.
+//! - [`Clock`], [`SystemClock`], [`ManualClock`]: store time, injectable for tests;
+//! - [`Deferred`]: a store whose server was down at start, connected on first use.
 
+mod deferred;
 mod error;
 mod fingerprint;
 mod key;
@@ -53,6 +55,7 @@ mod store;
 mod time;
 mod token;
 
+pub use deferred::Deferred;
 pub use error::{BoxError, RedactedError, Rejection, StoreError};
 pub use fingerprint::{Fingerprint, FingerprintBuilder, ParseFingerprintError};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN, RecordKey, Scope};

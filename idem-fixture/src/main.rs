@@ -11,8 +11,12 @@
 //!   first line on stdout is the bound address.
 //! - `--store URL`: `memory` (the default), `redis://HOST:PORT[/DB]` (namespace
 //!   `idem_fixture`), `postgres://USER@HOST/DB` (schema `idem_fixture`, migrated on connect)
-//!   or `redb:PATH` (each behind the cargo feature of its name, all on by default). The fixture
-//!   exits with an error if the store cannot be reached at start.
+//!   or `redb:PATH` (each behind the cargo feature of its name, all on by default). A Redis or
+//!   PostgreSQL server that does not answer at start (down, or a closed port) does not stop the
+//!   fixture: the routes behind the layer answer 503 with `Retry-After` and run nothing until it
+//!   answers (a try to connect at most once a second; a line on stderr says so at start), as
+//!   they do when it goes down later. A bad URL, or a redb file that cannot be opened, is an
+//!   error at start (exit 2).
 //! - `--namespace NAME`: the Redis namespace or PostgreSQL schema instead of `idem_fixture`
 //!   (letters, digits and `_`), so fixtures sharing a server keep their records apart; refused
 //!   with the memory and redb stores, whose records are the fixture's own already.
@@ -305,9 +309,16 @@ async fn open_store(
     if namespace.is_some() && !shared {
         return Err(NAMESPACE_SHARED_ONLY.to_owned());
     }
-    let opened = idem::open(spec, namespace.unwrap_or(NAMESPACE))
+    let opened = idem::open_or_defer(spec, namespace.unwrap_or(NAMESPACE))
         .await
         .map_err(|e| format!("--{e}"))?;
+    if shared {
+        if let Err(e) = opened.store.ping().await {
+            // Not fatal: the layer answers 503 until the server answers. Said once, for a
+            // mistyped port.
+            eprintln!("idem-fixture: --store {spec}: {e}: answering 503 until it connects");
+        }
+    }
     Ok((opened.store, opened.label))
 }
 

@@ -93,11 +93,40 @@ async fn redis_store_down_is_503_and_the_handler_does_not_run() {
     if support::redis_url().is_none() {
         return;
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
+    let port = free_port();
+    let mut server = redis_server(port).await;
+    let url = format!("redis://127.0.0.1:{port}");
+    let fixture = Fixture::start(&url, &[]);
+    let key = unique("down");
+    assert_eq!(
+        fixture.post("/echo", &key, "a").await.status,
+        StatusCode::CREATED
+    );
+    server.kill().unwrap();
+    server.wait().unwrap();
+    assert_store_down(&fixture).await;
+    let replay = fixture.post("/echo", &key, "a").await;
+    assert_problem(&replay, 503);
+    assert_eq!(
+        fixture.counter().await,
+        1,
+        "no handler ran while the store was down"
+    );
+}
+
+/// A port nothing listens on (bound, then let go).
+#[cfg(any(feature = "redis", feature = "postgres"))]
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .unwrap()
-        .port();
-    let mut server = std::process::Command::new("redis-server")
+        .port()
+}
+
+/// A Redis server of the test's own on `port`, once it accepts connections.
+#[cfg(feature = "redis")]
+async fn redis_server(port: u16) -> std::process::Child {
+    let server = std::process::Command::new("redis-server")
         .args([
             "--port",
             &port.to_string(),
@@ -111,32 +140,72 @@ async fn redis_store_down_is_503_and_the_handler_does_not_run() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .expect("start a redis-server of the test's own");
-    let url = format!("redis://127.0.0.1:{port}");
     for _ in 0..100 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let fixture = Fixture::start(&url, &[]);
-    let key = unique("down");
-    assert_eq!(
-        fixture.post("/echo", &key, "a").await.status,
-        StatusCode::CREATED
-    );
-    server.kill().unwrap();
-    server.wait().unwrap();
+    server
+}
+
+/// Every keyed request is a 503 problem with `Retry-After` of at least 1 s, and runs nothing.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+async fn assert_store_down(fixture: &Fixture) {
     for path in ["/echo", "/status/200"] {
         let answer = fixture.post(path, &unique("down-new"), "a").await;
         assert_problem(&answer, 503);
         let retry_after: u64 = answer.header("retry-after").unwrap().parse().unwrap();
         assert!(retry_after >= 1);
     }
-    let replay = fixture.post("/echo", &key, "a").await;
-    assert_problem(&replay, 503);
+}
+
+/// A Redis server that does not answer when the fixture starts (nothing on its port): the
+/// fixture starts all the same, keyed requests are 503 with `Retry-After` and run nothing, and
+/// once a server listens there the fixture connects without a restart.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_at_start_is_503_until_it_answers() {
+    if support::redis_url().is_none() {
+        return;
+    }
+    let port = free_port();
+    let fixture = Fixture::start(&format!("redis://127.0.0.1:{port}"), &[]);
+    assert_store_down(&fixture).await;
     assert_eq!(
         fixture.counter().await,
-        1,
+        0,
+        "no handler ran while the store was down"
+    );
+    let mut server = redis_server(port).await;
+    let key = unique("up-later");
+    let mut first = fixture.post("/echo", &key, "a").await;
+    for _ in 0..100 {
+        if first.status != StatusCode::SERVICE_UNAVAILABLE {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        first = fixture.post("/echo", &key, "a").await;
+    }
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    let replay = fixture.post("/echo", &key, "a").await;
+    assert!(replay.is_replay(), "{replay:?}");
+    assert_eq!(fixture.counter().await, 1);
+    server.kill().unwrap();
+    server.wait().unwrap();
+}
+
+/// A PostgreSQL server that does not answer when the fixture starts (a closed port): the
+/// fixture starts, and keyed requests are 503 with `Retry-After` and run nothing.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_down_at_start_is_503_and_runs_nothing() {
+    let port = free_port();
+    let fixture = Fixture::start(&format!("postgres://postgres@127.0.0.1:{port}/test"), &[]);
+    assert_store_down(&fixture).await;
+    assert_eq!(
+        fixture.counter().await,
+        0,
         "no handler ran while the store was down"
     );
 }

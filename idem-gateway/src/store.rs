@@ -4,14 +4,10 @@
 //! The memory store is always built in; the others are cargo features of this crate
 //! (`redis`, `postgres`, `redb`), so the default build compiles no database client.
 
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use bytes::Bytes;
-use idem_core::{
-    ClaimOutcome, ClaimRequest, Lease, Record, RecordKey, ScanPage, ScanQuery, Store, StoreError,
-    StoreStats,
-};
+use idem_core::{Deferred, Store, StoreError};
 use idem_store_memory::MemoryStore;
 
 use crate::commands::Failure;
@@ -46,168 +42,48 @@ pub async fn open_to_serve(config: &StoreConfig) -> Result<Arc<dyn Store>, Failu
                 error = %err,
                 "the store does not answer: the gateway starts, answers 503 on the routes it covers and /readyz reports the store, until it connects"
             );
-            Ok(Arc::new(Deferred::new(config.clone(), &err)))
+            Ok(Arc::new(deferred(config.clone(), &err)))
         }
         Err(err) => Err(err.into_failure(&config.spec)),
     }
+}
+
+/// How long one try to connect a [`Deferred`] store may take: a PostgreSQL store migrates on
+/// connect.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A store that did not answer when the gateway started (`err` says why): it connects on first
+/// use, one try at a time, at most one per [`Deferred::RETRY_EVERY`], each bounded by
+/// [`CONNECT_TIMEOUT`], and answers [`StoreError::Unavailable`] until then.
+fn deferred(config: StoreConfig, err: &StoreError) -> Deferred {
+    let name = config.spec.to_string();
+    let config = Arc::new(config);
+    Deferred::new(name, err, move || {
+        let config = config.clone();
+        async move {
+            let tried =
+                tokio::time::timeout(CONNECT_TIMEOUT, connect(&config, Opening::Serve)).await;
+            let err = match tried {
+                Ok(Ok(store)) => {
+                    tracing::info!(store = %config.spec, "the store answers: connected");
+                    return Ok(store);
+                }
+                Ok(Err(Opened::Down(err))) => err,
+                Ok(Err(Opened::Refused(failure))) => StoreError::unavailable(failure.to_string()),
+                Err(_) => {
+                    StoreError::unavailable(format!("no connection within {CONNECT_TIMEOUT:?}"))
+                }
+            };
+            tracing::debug!(store = %config.spec, error = %err, "the store still does not answer");
+            Err(err)
+        }
+    })
 }
 
 /// Whether the store is a server reached over the network (Redis, PostgreSQL), which may come
 /// up after the gateway: a local store (memory, redb) either opens or never will.
 fn network(spec: &StoreSpec) -> bool {
     matches!(spec, StoreSpec::Redis(_) | StoreSpec::Postgres(_))
-}
-
-/// A store that did not answer when the gateway started: it connects on first use (one try at a
-/// time, at most one per [`Deferred::RETRY_EVERY`], each bounded by
-/// [`Deferred::CONNECT_TIMEOUT`]), and answers [`StoreError::Unavailable`] until then. Once
-/// connected it forwards every operation to the store.
-pub struct Deferred {
-    config: StoreConfig,
-    store: OnceLock<Arc<dyn Store>>,
-    /// Held by the one operation that tries to connect; the others do not wait for it.
-    connecting: tokio::sync::Mutex<()>,
-    /// When the last try failed, and why.
-    last: Mutex<(Option<Instant>, String)>,
-}
-
-impl std::fmt::Debug for Deferred {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Deferred")
-            .field("store", &self.config.spec)
-            .field("connected", &self.store.get().is_some())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Deferred {
-    /// The least time between two tries to connect.
-    pub const RETRY_EVERY: Duration = Duration::from_secs(1);
-    /// How long one try to connect may take.
-    pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-    /// A store for `config` that is not connected yet; `err` is why the first try failed.
-    #[must_use]
-    pub fn new(config: StoreConfig, err: &StoreError) -> Self {
-        Deferred {
-            config,
-            store: OnceLock::new(),
-            connecting: tokio::sync::Mutex::new(()),
-            last: Mutex::new((Some(Instant::now()), reason(err))),
-        }
-    }
-
-    /// Whether it has connected.
-    #[must_use]
-    pub fn is_connected(&self) -> bool {
-        self.store.get().is_some()
-    }
-
-    /// The connected store, connecting now if it is time to try again.
-    async fn store(&self) -> Result<&Arc<dyn Store>, StoreError> {
-        if let Some(store) = self.store.get() {
-            return Ok(store);
-        }
-        let Ok(_connecting) = self.connecting.try_lock() else {
-            return Err(self.down("connecting"));
-        };
-        if let Some(store) = self.store.get() {
-            return Ok(store);
-        }
-        let due = {
-            let last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
-            last.0
-                .is_none_or(|at| at.elapsed() >= Deferred::RETRY_EVERY)
-        };
-        if !due {
-            return Err(self.down("not reached"));
-        }
-        let tried = tokio::time::timeout(
-            Deferred::CONNECT_TIMEOUT,
-            connect(&self.config, Opening::Serve),
-        )
-        .await;
-        let why = match tried {
-            Ok(Ok(store)) => {
-                tracing::info!(store = %self.config.spec, "the store answers: connected");
-                return Ok(self.store.get_or_init(|| store));
-            }
-            Ok(Err(Opened::Down(err))) => reason(&err),
-            Ok(Err(Opened::Refused(failure))) => failure.to_string(),
-            Err(_) => format!("no connection within {:?}", Deferred::CONNECT_TIMEOUT),
-        };
-        tracing::debug!(store = %self.config.spec, error = %why, "the store still does not answer");
-        *self.last.lock().unwrap_or_else(PoisonError::into_inner) = (Some(Instant::now()), why);
-        Err(self.down("not reached"))
-    }
-
-    /// The error of an operation while the store is not connected.
-    fn down(&self, state: &str) -> StoreError {
-        let last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
-        StoreError::unavailable(format!("{} {state} yet: {}", self.config.spec, last.1))
-    }
-}
-
-/// Why a store did not connect, without the "store unavailable" that the error of each
-/// operation says again.
-fn reason(err: &StoreError) -> String {
-    match err {
-        StoreError::Unavailable { source } => source.to_string(),
-        other => other.to_string(),
-    }
-}
-
-#[async_trait::async_trait]
-impl Store for Deferred {
-    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.store().await?.claim(request).await
-    }
-
-    async fn heartbeat(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
-        self.store().await?.heartbeat(lease, extend).await
-    }
-
-    async fn complete(
-        &self,
-        lease: &Lease,
-        result: Bytes,
-        retention: Duration,
-    ) -> Result<(), StoreError> {
-        self.store().await?.complete(lease, result, retention).await
-    }
-
-    async fn fail(
-        &self,
-        lease: &Lease,
-        failure: idem_core::Failure,
-        retention: Duration,
-    ) -> Result<(), StoreError> {
-        self.store().await?.fail(lease, failure, retention).await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.store().await?.release(lease).await
-    }
-
-    async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
-        self.store().await?.get(key).await
-    }
-
-    async fn delete(&self, key: &RecordKey) -> Result<bool, StoreError> {
-        self.store().await?.delete(key).await
-    }
-
-    async fn scan(&self, query: &ScanQuery) -> Result<ScanPage, StoreError> {
-        self.store().await?.scan(query).await
-    }
-
-    async fn ping(&self) -> Result<(), StoreError> {
-        self.store().await?.ping().await
-    }
-
-    fn stats(&self) -> Option<StoreStats> {
-        self.store.get().and_then(|store| store.stats())
-    }
 }
 
 /// Opens a store that must exist already, for an admin command (`idem keys`): a PostgreSQL

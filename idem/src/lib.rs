@@ -52,7 +52,7 @@
 pub use idem_core::*;
 
 mod open;
-pub use open::{OpenError, Opened, open};
+pub use open::{OpenError, Opened, open, open_or_defer};
 
 /// The embedded in-memory store (feature `memory`, on by default).
 #[cfg(feature = "memory")]
