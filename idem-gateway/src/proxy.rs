@@ -324,7 +324,9 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::UPGRADE,
 ];
 
-/// Removes hop-by-hop headers, and the headers the `Connection` header names.
+/// Removes hop-by-hop headers, and the headers the `Connection` header names, but `Host`: the
+/// target of a request is end to end (RFC 9112 section 3.2), and the gateway keeps it whatever
+/// a client's `Connection` says.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -332,6 +334,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .filter_map(|value| value.to_str().ok())
         .flat_map(|value| value.split(','))
         .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+        .filter(|name| *name != header::HOST)
         .collect();
     for name in named.iter().chain(HOP_BY_HOP.iter()) {
         headers.remove(name);
@@ -449,8 +452,10 @@ impl Proxy {
     ) -> Result<Response<UpstreamBody>, ProxyError> {
         let shared = &self.shared;
         let guard = shared.tracker.enter();
-        forwarded_headers(&mut request);
+        // Hop-by-hop headers go first: the forwarded headers the gateway sets are its own, and
+        // a client naming them in `Connection` only drops the values it sent.
         strip_hop_by_hop(request.headers_mut());
+        forwarded_headers(&mut request);
         // The gateway takes trailers, whoever its client is: it passes them on (to an HTTP/2
         // client, or an HTTP/1.1 one that sent `TE: trailers` itself) and stores them with
         // the response, so a replay ends with them. An HTTP/1.1 upstream sends trailers only
@@ -589,5 +594,16 @@ mod tests {
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["x-forwarded-host"], "api.example.com");
         assert_eq!(h[header::HOST], "api.example.com");
+    }
+
+    #[test]
+    fn connection_never_removes_host() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONNECTION, HeaderValue::from_static("host, x-a"));
+        headers.insert(header::HOST, HeaderValue::from_static("api.example.com"));
+        headers.insert("x-a", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut headers);
+        assert_eq!(headers.len(), 1);
+        assert_eq!(headers[header::HOST], "api.example.com");
     }
 }

@@ -251,3 +251,35 @@ async fn a_502_or_504_does_not_show_the_upstream_to_the_client() {
     assert!(detail.contains("did not answer within 300ms"), "{detail}");
     assert!(!detail.contains(&fixture.addr.to_string()), "{detail}");
 }
+
+/// A client that names the forwarded headers and `Host` in `Connection` drops only the values
+/// it sent: the upstream still gets `Host` as asked and the client's address in
+/// `X-Forwarded-For`. Before, the gateway set its forwarded headers and then removed the
+/// headers `Connection` named, so such a client reached the upstream with no
+/// `X-Forwarded-For` at all (hiding its address) and with the upstream's address as `Host`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_cannot_remove_host_or_the_forwarded_headers() {
+    let upstream = Upstream::start().await;
+    let gateway = Gateway::start(&config(upstream.addr, "")).await;
+    let url = gateway.url("/pay");
+    for key in [None, Some("fw-1")] {
+        let mut headers = vec![
+            (
+                "connection",
+                "x-forwarded-for, x-forwarded-proto, x-forwarded-host, host",
+            ),
+            ("host", "api.example.com"),
+            ("x-forwarded-for", "203.0.113.9"),
+            ("x-forwarded-proto", "https"),
+        ];
+        headers.extend(key.map(|key| ("idempotency-key", key)));
+        let answer = post(&url, &headers, false).await;
+        assert_eq!(answer.status, StatusCode::OK);
+        let sent = upstream.last_request_headers();
+        assert_eq!(sent[header::HOST], "api.example.com", "{sent:?}");
+        assert_eq!(sent.get_all("x-forwarded-for").iter().count(), 1);
+        assert_eq!(sent["x-forwarded-for"], "127.0.0.1", "{sent:?}");
+        assert_eq!(sent["x-forwarded-proto"], "http", "{sent:?}");
+        assert_eq!(sent["x-forwarded-host"], "api.example.com", "{sent:?}");
+    }
+}
