@@ -111,6 +111,15 @@ pub fn register_metrics(store: &'static str) {
         gateway::UPSTREAM_ERRORS,
         "Upstream exchanges that gave no response, by kind"
     );
+    if store == crate::config::StoreSpec::Memory.kind() {
+        describe_counter!(
+            idem_store_memory::EVICTIONS,
+            "Records the memory store evicted before their retention, by the bound it kept"
+        );
+        for bound in idem_store_memory::EVICTION_BOUNDS {
+            let _ = counter!(idem_store_memory::EVICTIONS, "bound" => bound);
+        }
+    }
     for (name, help) in [
         (monitor::IN_FLIGHT, "Records in flight in the store"),
         (

@@ -11,9 +11,9 @@ use http::Method;
 
 /// The series a fresh gateway on the memory store exports at 0, each with its `# HELP`: the
 /// layer's (claims acquired, duplicates, collisions, mismatches, failures by kind, takeovers,
-/// lease losses, store latency and errors by store and op, requests by outcome) and the
-/// gateway's own.
-const AT_ZERO: [&str; 14] = [
+/// lease losses, store latency and errors by store and op, requests by outcome), the
+/// gateway's own, and the memory store's evictions by bound.
+const AT_ZERO: [&str; 16] = [
     "idem_claims_acquired_total",
     "idem_duplicates_replayed_total",
     "idem_in_flight_collisions_total",
@@ -28,6 +28,10 @@ const AT_ZERO: [&str; 14] = [
     "idem_http_requests_total{outcome=\"store_error\"}",
     "idem_gateway_requests_total{route=\"default\",status=\"2xx\"}",
     "idem_gateway_upstream_errors_total{kind=\"timeout\"}",
+    // Before, the memory store's evictions had no `# HELP` and appeared only at the first
+    // eviction, which `increase()` in the shipped alert `IdemMemoryStoreEvicting` then missed.
+    "idem_memory_store_evictions_total{bound=\"capacity\"}",
+    "idem_memory_store_evictions_total{bound=\"bytes\"}",
 ];
 
 /// Before: a series appeared only once it had counted something, so a fresh gateway (or one

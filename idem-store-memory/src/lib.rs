@@ -57,7 +57,7 @@ mod hashed;
 mod shard;
 mod store;
 
-pub use store::{EVICTIONS, MemoryStore, MemoryStoreBuilder};
+pub use store::{EVICTION_BOUNDS, EVICTIONS, MemoryStore, MemoryStoreBuilder};
 
 #[doc(no_inline)]
 pub use idem_core::StoreError;

@@ -21,6 +21,13 @@ use crate::shard::{Applied, Delta, Shard};
 /// of an evicted key runs again: a rising count means the bound is too small for the retention.
 pub const EVICTIONS: &str = "idem_memory_store_evictions_total";
 
+/// The values of the `bound` label of [`EVICTIONS`]: the record capacity, then the byte
+/// budget. An exporter can register both series at zero before the first eviction.
+pub const EVICTION_BOUNDS: [&str; 2] = [BOUND_CAPACITY, BOUND_BYTES];
+
+const BOUND_CAPACITY: &str = "capacity";
+const BOUND_BYTES: &str = "bytes";
+
 /// The embedded in-memory store. Cheap to clone: clones share the records.
 ///
 /// See the [crate docs](crate) for bounds and expiry.
@@ -242,7 +249,7 @@ impl MemoryStore {
                 let evicted = shard.take_evicted();
                 if evicted > 0 {
                     inner.len.fetch_sub(evicted, Ordering::AcqRel);
-                    inner.count_evictions(evicted, "bytes");
+                    inner.count_evictions(evicted, BOUND_BYTES);
                 }
                 match applied {
                     Err(error) => break Err(error),
@@ -340,7 +347,7 @@ impl Inner {
                 return true;
             }
             if shard.evict_one() {
-                self.count_evictions(1, "capacity");
+                self.count_evictions(1, BOUND_CAPACITY);
                 return true;
             }
         }
