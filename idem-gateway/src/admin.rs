@@ -117,6 +117,16 @@ const NOT_DIRECT: &str = "without an admin token, the key API and /ui answer onl
     addressed to an IP address or localhost (a guard against DNS rebinding): use the \
     listener's address, or set [admin] token";
 
+/// `response`, a 401, with the challenge RFC 9110 section 11.6.1 requires of every 401: the
+/// bearer scheme, which `/ui`'s login page answers too (a browser shows no dialog for it).
+fn challenge(mut response: Response<GatewayBody>) -> Response<GatewayBody> {
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"idem admin\""),
+    );
+    response
+}
+
 impl Admin {
     /// The admin endpoints over `store`; `metrics` renders `/metrics` (404 without it).
     #[must_use]
@@ -162,12 +172,10 @@ impl Admin {
 
     /// The 401 of a request without the token.
     fn unauthorized() -> Response<GatewayBody> {
-        let mut response = text(StatusCode::UNAUTHORIZED, "a bearer token is required\n");
-        response.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            HeaderValue::from_static("Bearer realm=\"idem admin\""),
-        );
-        response
+        challenge(text(
+            StatusCode::UNAUTHORIZED,
+            "a bearer token is required\n",
+        ))
     }
 
     /// Answers one admin request from `peer` (its address, when known: wrong tokens are counted
@@ -282,7 +290,7 @@ impl Admin {
                     };
                     page.render().await
                 }
-                None => ui::login_page(StatusCode::UNAUTHORIZED, None),
+                None => challenge(ui::login_page(StatusCode::UNAUTHORIZED, None)),
             },
             (Method::GET | Method::HEAD, "/ui/login") => ui::login_page(StatusCode::OK, None),
             (Method::POST, "/ui/login") => {
@@ -294,7 +302,10 @@ impl Admin {
                 match self.check(given.as_bytes(), token, peer) {
                     Access::Granted => {}
                     Access::Refused => {
-                        return ui::login_page(StatusCode::UNAUTHORIZED, Some("Wrong token."));
+                        return challenge(ui::login_page(
+                            StatusCode::UNAUTHORIZED,
+                            Some("Wrong token."),
+                        ));
                     }
                     Access::Throttled(wait) => {
                         return throttled(
@@ -323,7 +334,7 @@ impl Admin {
             }
             (Method::POST, "/ui/delete") => {
                 let Some((csrf, _)) = access else {
-                    return ui::login_page(StatusCode::UNAUTHORIZED, None);
+                    return challenge(ui::login_page(StatusCode::UNAUTHORIZED, None));
                 };
                 let form = read_form(request.into_body()).await;
                 let given = form::value(&form, "csrf").unwrap_or_default();

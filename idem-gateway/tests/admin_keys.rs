@@ -450,10 +450,20 @@ async fn the_page_needs_a_login_escapes_keys_and_deletes_only_with_its_csrf_toke
     assert_eq!(anonymous.status, 401);
     assert!(anonymous.text().contains("action=\"/ui/login\""));
     assert!(!anonymous.text().contains("id=\"x\""));
+    // Every 401 carries its challenge (RFC 9110 section 11.6.1), the page's too: before, only
+    // the other admin paths sent one.
+    assert_eq!(
+        anonymous.header("www-authenticate"),
+        Some("Bearer realm=\"idem admin\"")
+    );
 
     let wrong = log_in(&http, &admin, "nope").await;
     assert_eq!(wrong.status, 401);
     assert!(wrong.header("set-cookie").is_none());
+    assert_eq!(
+        wrong.header("www-authenticate"),
+        Some("Bearer realm=\"idem admin\"")
+    );
 
     let login = log_in(&http, &admin, TOKEN).await;
     assert_eq!(login.status, 303);
