@@ -72,6 +72,21 @@ fn text(status: StatusCode, body: impl Into<bytes::Bytes>) -> Response<GatewayBo
     response
 }
 
+/// `response`, a 405, with the `Allow` header RFC 9110 section 15.5.6 requires of it: the
+/// methods `allow` the resource takes.
+pub(crate) fn with_allow(
+    mut response: Response<GatewayBody>,
+    allow: &'static str,
+) -> Response<GatewayBody> {
+    response
+        .headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(allow));
+    response
+}
+
+/// The body of a 405 of `/ui`.
+const NOT_ALLOWED: &str = "method not allowed\n";
+
 /// The answer to a peer that sent too many wrong tokens.
 const TOO_MANY: &str = "too many wrong tokens from this address: try again later";
 
@@ -216,7 +231,10 @@ impl Admin {
             return api::handle(&*self.store, request.method(), path, request.uri().query()).await;
         }
         if request.method() != Method::GET && request.method() != Method::HEAD {
-            return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");
+            return with_allow(
+                text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n"),
+                "GET, HEAD",
+            );
         }
         match path {
             "/healthz" => text(StatusCode::OK, "ok\n"),
@@ -360,8 +378,16 @@ impl Admin {
                     Err(err) => text(StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}\n")),
                 }
             }
-            (_, "/ui" | "/ui/login" | "/ui/logout" | "/ui/delete") => {
-                text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
+            (_, "/ui") => with_allow(
+                text(StatusCode::METHOD_NOT_ALLOWED, NOT_ALLOWED),
+                "GET, HEAD",
+            ),
+            (_, "/ui/login") => with_allow(
+                text(StatusCode::METHOD_NOT_ALLOWED, NOT_ALLOWED),
+                "GET, HEAD, POST",
+            ),
+            (_, "/ui/logout" | "/ui/delete") => {
+                with_allow(text(StatusCode::METHOD_NOT_ALLOWED, NOT_ALLOWED), "POST")
             }
             _ => text(StatusCode::NOT_FOUND, "no such page\n"),
         }

@@ -767,3 +767,34 @@ async fn keys_list_on_a_redb_file_shows_a_half_written_record() {
     assert_eq!(unreadable[0]["reason"], "the record is truncated");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A method a resource of the admin listener does not take is answered 405 with `Allow`, as RFC
+/// 9110 requires: before, the 405s named no method.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_405_names_the_methods_the_resource_takes() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config_with(fixture.addr, "", &with_token())).await;
+    let admin = gateway.admin.clone().unwrap();
+    let http = Http::new();
+    let bearer = format!("Bearer {TOKEN}");
+    for (method, path, allow) in [
+        (Method::POST, "/healthz", "GET, HEAD"),
+        (Method::DELETE, "/metrics", "GET, HEAD"),
+        (Method::DELETE, "/api/keys", "GET"),
+        (Method::PUT, "/api/keys/k-1", "GET, DELETE"),
+        (Method::PUT, "/ui", "GET, HEAD"),
+        (Method::DELETE, "/ui/login", "GET, HEAD, POST"),
+        (Method::GET, "/ui/delete", "POST"),
+    ] {
+        let reply = http
+            .send(
+                method.clone(),
+                &format!("{admin}{path}"),
+                &[("authorization", &bearer)],
+                "",
+            )
+            .await;
+        assert_eq!(reply.status, 405, "{method} {path}");
+        assert_eq!(reply.header("allow"), Some(allow), "{method} {path}");
+    }
+}

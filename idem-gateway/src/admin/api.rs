@@ -59,7 +59,10 @@ pub async fn handle(
     let rest = path.strip_prefix(PREFIX).unwrap_or_default();
     if rest.is_empty() || rest == "/" {
         if method != Method::GET {
-            return error(StatusCode::METHOD_NOT_ALLOWED, "GET lists the records");
+            return super::with_allow(
+                error(StatusCode::METHOD_NOT_ALLOWED, "GET lists the records"),
+                "GET",
+            );
         }
         return list(store, &params).await;
     }
@@ -88,7 +91,10 @@ pub async fn handle(
             }
             Err(err) => error(StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}")),
         },
-        _ => error(StatusCode::METHOD_NOT_ALLOWED, "GET or DELETE"),
+        _ => super::with_allow(
+            error(StatusCode::METHOD_NOT_ALLOWED, "GET or DELETE"),
+            "GET, DELETE",
+        ),
     }
 }
 
