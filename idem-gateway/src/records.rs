@@ -75,8 +75,10 @@ pub fn page_json(page: &ScanPage) -> Vec<Value> {
         .collect()
 }
 
-/// A record, given as [`record_json`] made it, as one line of text (fields a missing value
-/// leaves out are left out). A record the store could not read ([`unreadable_json`]) is
+/// A record, given as [`record_json`] made it, as one line of tab-separated fields: the key,
+/// `scope=SCOPE`, the state alone (so `awk -F'\t' '$3 == "completed"'` finds it), then
+/// `name=value` fields (a field whose value is missing, as the status of a record in flight, is
+/// left out). A record the store could not read ([`unreadable_json`]) is
 /// `KEY scope=SCOPE unreadable reason=REASON`, tab-separated like the others; where the store
 /// could not read its key, `KEY` is the key as stored and `SCOPE` is `?`.
 #[must_use]
@@ -93,7 +95,7 @@ pub fn record_line(record: &Value) -> String {
     let scope = record["scope"].as_str().unwrap_or_default();
     let status = record["status"]
         .as_u64()
-        .map(|status| format!(" status={status}"))
+        .map(|status| format!("\tstatus={status}"))
         .unwrap_or_default();
     format!(
         "{}\tscope={}\t{}{}\tfence={}\tattempt={}\tcreated={}\texpires={}",
@@ -282,7 +284,7 @@ mod tests {
         });
         assert_eq!(
             record_line(&value),
-            "k\tscope=-\tcompleted status=201\tfence=7\tattempt=1\tcreated=2026-01-01T00:00:00.000Z\texpires=2026-01-02T00:00:00.000Z"
+            "k\tscope=-\tcompleted\tstatus=201\tfence=7\tattempt=1\tcreated=2026-01-01T00:00:00.000Z\texpires=2026-01-02T00:00:00.000Z"
         );
     }
 

@@ -798,3 +798,28 @@ async fn a_405_names_the_methods_the_resource_takes() {
         assert_eq!(reply.header("allow"), Some(allow), "{method} {path}");
     }
 }
+
+/// `idem keys list` prints one field per tab: the key, `scope=`, the state alone, then
+/// `name=value` fields, so `awk -F'\t' '$3 == "completed"'` finds completed records as it
+/// finds unreadable ones. Before, the stored status shared the state's field
+/// (`completed status=201`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_list_gives_the_state_a_field_of_its_own() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config_with(fixture.addr, "", &with_token())).await;
+    let admin = gateway.admin.clone().unwrap();
+    let reply = Http::new()
+        .post_key(&gateway.url("/echo"), "tab-1", "1")
+        .await;
+    assert_eq!(reply.status, 201);
+    let (code, out, err) = idem_keys(&admin, Some(TOKEN), &["list"]).await;
+    assert_eq!(code, 0, "{err}");
+    let line = out.lines().find(|l| l.starts_with("tab-1\t")).unwrap();
+    let fields: Vec<&str> = line.split('\t').collect();
+    assert_eq!(
+        fields[..4],
+        ["tab-1", "scope=-", "completed", "status=201"],
+        "{line}"
+    );
+    assert!(fields[4..].iter().all(|f| f.contains('=')), "{line}");
+}
