@@ -601,3 +601,35 @@ fn a_bad_listening_address_says_how_to_write_one() {
         &["--admin-listen", "invalid address", "127.0.0.1:8080"],
     );
 }
+
+/// Two routes of one name, or a route named `default` like the catch-all, would count as one in
+/// the metrics (`idem_gateway_requests_total{route}`) and the logs: refused, with the position
+/// of the second route. Before, both were accepted; so were two routes of one path and no name
+/// (the name is then the path), the second of which no request can reach.
+#[test]
+fn two_routes_of_one_name_are_refused() {
+    for (name, text, position) in [
+        (
+            "same-name.toml",
+            "[upstream]\nurl = \"http://h:1\"\n[[route]]\nname = \"a\"\npath = \"/a\"\n\
+             [[route]]\nname = \"a\"\npath = \"/b\"\n",
+            ":6:1",
+        ),
+        (
+            "default-name.toml",
+            "[upstream]\nurl = \"http://h:1\"\n[[route]]\nname = \"default\"\npath = \"/a\"\n",
+            ":3:1",
+        ),
+        (
+            "same-path.toml",
+            "[upstream]\nurl = \"http://h:1\"\n[[route]]\npath = \"/a\"\n[[route]]\npath = \"/a/\"\n",
+            ":5:1",
+        ),
+    ] {
+        let config = file(name, text);
+        assert_one_line_error(
+            &idem(&["check-config", path(&config)]),
+            &[&format!("{name}{position}"), "is taken"],
+        );
+    }
+}

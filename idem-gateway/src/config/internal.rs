@@ -820,14 +820,27 @@ impl Config {
             let Some(path) = section.path.clone() else {
                 return Err(origin.error_at(at, format!("route {} has no path", index + 1)));
             };
+            let name = section.name.clone().unwrap_or_else(|| path.to_string());
+            // A route's name labels its metrics and logs: two routes of one name would count
+            // as one, as would a route named like the catch-all.
+            if name == DEFAULT_ROUTE || resolved.iter().any(|route: &Route| route.name == name) {
+                return Err(origin.error_at(
+                    at,
+                    format!(
+                        "route {}: the name {name:?} is taken (by an earlier route, or by \
+                         {DEFAULT_ROUTE:?}, the paths no route covers): give each route its own",
+                        index + 1
+                    ),
+                ));
+            }
             resolved.push(Route {
-                name: section.name.clone().unwrap_or_else(|| path.to_string()),
+                name,
                 path,
                 settings: settings(section, &defaults, lease, retention, origin, at)?,
             });
         }
         resolved.push(Route {
-            name: "default".to_owned(),
+            name: DEFAULT_ROUTE.to_owned(),
             path: PathPattern::Prefix("/".to_owned()),
             settings: defaults,
         });
@@ -862,6 +875,9 @@ impl Config {
         })
     }
 }
+
+/// The name of the catch-all route, of the paths no `[[route]]` covers (`[idempotency]`).
+pub const DEFAULT_ROUTE: &str = "default";
 
 /// The address the demo and tests bind to: 127.0.0.1 on a free port.
 #[must_use]
