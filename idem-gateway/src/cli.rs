@@ -159,7 +159,8 @@ pub enum KeysCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Remove one record: the next request with the key runs again.
+    /// Remove one record: the next request with the key runs again. No record at the key is
+    /// no error (exit 0): the key is free either way.
     Delete {
         /// The idempotency key.
         key: String,
