@@ -178,12 +178,20 @@ key = "required"
     Ok(config::from_str("demo", &text, &overrides)?)
 }
 
-/// The curl lines the demo prints.
+/// `text` as one word of a POSIX shell: in single quotes, a `'` in it closed, escaped and
+/// reopened.
+fn shell_word(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+/// The curl lines the demo prints; the admin listener's carry its `token`, when one is set, so
+/// that they work as printed.
 #[must_use]
 pub fn instructions(
     gateway: SocketAddr,
     upstream: SocketAddr,
     admin: Option<SocketAddr>,
+    token: Option<&str>,
 ) -> String {
     let gw = format!("http://{gateway}");
     let mut text = format!(
@@ -211,8 +219,16 @@ pub fn instructions(
 "
     );
     if let Some(admin) = admin {
+        let auth = token
+            .map(|token| {
+                format!(
+                    " -H {}",
+                    shell_word(&format!("Authorization: Bearer {token}"))
+                )
+            })
+            .unwrap_or_default();
         text.push_str(&format!(
-            "\n  # metrics and health\n  curl -s http://{admin}/metrics | grep '^idem_'\n  curl -s http://{admin}/readyz\n"
+            "\n  # metrics and health\n  curl -s{auth} http://{admin}/metrics | grep '^idem_'\n  curl -s{auth} http://{admin}/readyz\n"
         ));
     }
     text.push_str("\nCtrl-C stops the demo.");
@@ -234,7 +250,16 @@ pub async fn run(overrides: &Overrides, metrics: Option<RenderMetrics>) -> Resul
     let config = demo_config(upstream_addr, overrides)?;
     crate::telemetry::init_logs(&config.log);
     let running = start(&config, metrics, crate::server::shutdown_signal()).await?;
-    say(&instructions(running.listen, upstream_addr, running.admin));
+    let token = config
+        .admin
+        .as_ref()
+        .and_then(|admin| admin.token.as_deref());
+    say(&instructions(
+        running.listen,
+        upstream_addr,
+        running.admin,
+        token,
+    ));
     running.wait().await?;
     say(&format!(
         "demo stopped; the upstream ran {} payment(s)",

@@ -156,3 +156,48 @@ fn the_demo_refuses_a_config_an_upstream_or_a_store() {
         );
     }
 }
+
+/// With `--admin-token`, the metrics and health lines the demo prints carry the token, and work
+/// as printed (run here by `sh`, as a reader would paste them): before, they had no
+/// `Authorization` header and got 401. A `'` in the token is quoted for the shell.
+#[test]
+fn the_printed_admin_lines_work_with_a_token() {
+    let token = "demo'token";
+    let mut child = idem_command("demo")
+        .args(["--admin-token", token])
+        .spawn()
+        .unwrap();
+    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    let demo = Proc { child };
+    let mut printed = Vec::new();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = reader.read_line(&mut line).unwrap();
+        assert!(n > 0, "idem demo ended before its last line");
+        if line.starts_with("Ctrl-C stops the demo.") {
+            break;
+        }
+        printed.push(line.trim().to_owned());
+    }
+    drain(reader);
+    for (path, expected) in [
+        ("/readyz", "ready"),
+        ("/metrics", "idem_claims_acquired_total 0"),
+    ] {
+        let command = printed
+            .iter()
+            .find(|l| l.starts_with("curl") && l.contains(path))
+            .unwrap_or_else(|| panic!("no {path} line in {printed:#?}"));
+        let output = std::process::Command::new("sh")
+            .args(["-c", command])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            stdout.lines().any(|l| l == expected),
+            "{command} printed {stdout:?}"
+        );
+    }
+    drop(demo);
+}
