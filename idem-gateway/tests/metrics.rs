@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::{Fixture, Http, free_addr, metric_value, spawn_gateway};
+use std::net::SocketAddr;
+
+use common::{Fixture, Http, Proc, free_addr, metric_value, spawn_gateway};
 use http::Method;
 
 /// The series a fresh gateway on the memory store exports at 0, each with its `# HELP`: the
@@ -34,22 +36,28 @@ const AT_ZERO: [&str; 16] = [
     "idem_memory_store_evictions_total{bound=\"bytes\"}",
 ];
 
+/// An `idem serve` process in front of `upstream`, with its admin listener on a free port:
+/// the process, its address and the admin listener's URL.
+fn metered_gateway(upstream: SocketAddr) -> (Proc, SocketAddr, String) {
+    let admin = free_addr().to_string();
+    let (gateway, addr) = spawn_gateway(&[
+        "--upstream",
+        &format!("http://{upstream}"),
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        &admin,
+    ]);
+    (gateway, addr, format!("http://{admin}"))
+}
+
 /// Before: a series appeared only once it had counted something, so a fresh gateway (or one
 /// that never saw a takeover, a lease loss or a store error) did not export those at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_is_exported_from_the_start_and_counts_requests() {
     let fixture = Fixture::start();
-    let admin_addr = free_addr().to_string();
-    let (_gateway, addr) = spawn_gateway(&[
-        "--upstream",
-        &format!("http://{}", fixture.addr),
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-listen",
-        &admin_addr,
-    ]);
+    let (_gateway, addr, admin) = metered_gateway(fixture.addr);
     let http = Http::new();
-    let admin = format!("http://{admin_addr}");
     for series in AT_ZERO {
         let (value, text) = metric_value(&http, &admin, series).await;
         assert_eq!(value, Some(0.0), "{series} in:\n{text}");
@@ -122,4 +130,29 @@ async fn every_metric_is_exported_from_the_start_and_counts_requests() {
     )
     .await;
     assert_eq!(conflicts, Some(1.0), "{text}");
+}
+
+/// A request whose upstream call fails (502 here; a 504 goes the same way) is counted by its
+/// outcome like any other: executed when it held a key (the claim is released), bypassed when
+/// it passed through. Before, `idem_http_requests_total` did not count it at all, so the
+/// outcomes summed to fewer requests than the gateway answered while its upstream was down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_upstream_fails_is_counted_by_its_outcome() {
+    let (_gateway, addr, admin) = metered_gateway(free_addr());
+    let http = Http::new();
+    let url = format!("http://{addr}/pay");
+    assert_eq!(http.post_key(&url, "down-1", "x").await.status, 502);
+    assert_eq!(http.send(Method::POST, &url, &[], "x").await.status, 502);
+    for (series, expected) in [
+        ("idem_http_requests_total{outcome=\"executed\"}", 1.0),
+        ("idem_http_requests_total{outcome=\"bypassed\"}", 1.0),
+        ("idem_failures_total{kind=\"handler_error\"}", 1.0),
+        (
+            "idem_gateway_upstream_errors_total{kind=\"unreachable\"}",
+            2.0,
+        ),
+    ] {
+        let (value, text) = metric_value(&http, &admin, series).await;
+        assert_eq!(value, Some(expected), "{series} in:\n{text}");
+    }
 }

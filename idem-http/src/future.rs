@@ -102,9 +102,11 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
             KindProj::Bypass { future } => {
-                let response = ready!(future.poll(cx))?;
+                // Counted whatever the inner service answers: a request that ends in its
+                // error (a gateway's upstream down) passed through all the same.
+                let result = ready!(future.poll(cx));
                 metrics::request(Outcome::Bypassed);
-                let mut response = response.map(ResponseBody::inner);
+                let mut response = result?.map(ResponseBody::inner);
                 response.extensions_mut().insert(Outcome::Bypassed);
                 Poll::Ready(Ok(response))
             }
@@ -129,7 +131,13 @@ where
                         }
                         Ok(counted(response))
                     }
-                    Ok(Err(error)) => Err(error),
+                    // The handler's error (a gateway's upstream down or too slow) is still a
+                    // request that ran under the key (its claim was released): counted as
+                    // executed, as a handler that panicked is.
+                    Ok(Err(error)) => {
+                        metrics::request(Outcome::Executed);
+                        Err(error)
+                    }
                     // The work ended without answering: the handler panicked (its claim was
                     // released).
                     Err(_) => Ok(counted(reject(shared, Rejection::HandlerFailed))),
