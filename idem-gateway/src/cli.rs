@@ -144,7 +144,8 @@ pub enum KeysCommand {
         #[arg(long)]
         json: bool,
     },
-    /// List records, newest pages first as the store returns them.
+    /// List records page by page in the store's order: oldest first on PostgreSQL, not by time
+    /// on the other stores.
     List {
         /// Only records in this state: in_flight, completed or failed.
         #[arg(long)]
