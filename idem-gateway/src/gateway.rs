@@ -187,6 +187,14 @@ impl Gateway {
     ) -> Response<GatewayBody> {
         let start = Instant::now();
         let (mut parts, body) = request.into_parts();
+        if let Err(reason) = settle_host(&mut parts) {
+            tracing::debug!(method = %parts.method, path = parts.uri.path(), "refused: {reason}");
+            return problem_of_type(
+                StatusCode::BAD_REQUEST,
+                "about:blank",
+                &format!("{reason}: the request is not forwarded"),
+            );
+        }
         parts.extensions.insert(ClientAddr(client));
         let request = Request::from_parts(parts, RequestBody::streamed(body));
         // The route is chosen by the normal form of the path, so that no other spelling of a
@@ -258,6 +266,56 @@ impl Gateway {
         );
         response
     }
+}
+
+/// Checks the `Host` of a request before it goes anywhere, as RFC 9112 section 3.2 asks of a
+/// server: more than one `Host` field line, a `Host` that is not a host and an optional port,
+/// or an HTTP/1.1 request without one is refused (the reason is returned), since the gateway
+/// and the upstream could each take another host from it. An HTTP/1 request in absolute form
+/// (`POST http://h/p`) gets the target's host as its `Host` (section 3.2.2); an HTTP/2 request
+/// whose `Host` names another host than its `:authority` is refused (RFC 9113 section 8.3.1).
+fn settle_host(parts: &mut http::request::Parts) -> Result<(), &'static str> {
+    let mut hosts = parts.headers.get_all(header::HOST).iter();
+    let host = hosts.next().cloned();
+    if hosts.next().is_some() {
+        return Err("more than one Host field line");
+    }
+    let authority = |value: &str| {
+        value
+            .parse::<http::uri::Authority>()
+            .ok()
+            .filter(|authority| !authority.as_str().contains('@'))
+    };
+    if let Some(host) = &host {
+        if host.to_str().ok().and_then(authority).is_none() {
+            return Err("a Host that is not a host and an optional port");
+        }
+    }
+    let Some(target) = parts.uri.authority().map(|a| a.as_str().to_owned()) else {
+        return match (parts.version, host) {
+            (http::Version::HTTP_11, None) => Err("an HTTP/1.1 request without Host"),
+            _ => Ok(()),
+        };
+    };
+    if parts.version >= http::Version::HTTP_2 {
+        let differs = host
+            .as_ref()
+            .is_some_and(|host| !host.as_bytes().eq_ignore_ascii_case(target.as_bytes()));
+        return if differs {
+            Err("a Host other than the :authority")
+        } else {
+            Ok(())
+        };
+    }
+    if host.is_none() && parts.version == http::Version::HTTP_11 {
+        return Err("an HTTP/1.1 request without Host");
+    }
+    let Some(value) = authority(&target).and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    else {
+        return Err("a request target whose authority is not a host and an optional port");
+    };
+    parts.headers.insert(header::HOST, value);
+    Ok(())
 }
 
 /// The layer's answer, or 502 where the layer answered 500 because the upstream broke off the

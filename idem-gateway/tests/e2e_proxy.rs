@@ -283,3 +283,65 @@ async fn connection_cannot_remove_host_or_the_forwarded_headers() {
         assert_eq!(sent["x-forwarded-host"], "api.example.com", "{sent:?}");
     }
 }
+
+/// Sends `head` (a request head, without its blank line) and `Connection: close` to the
+/// gateway at `url` over a plain TCP connection, byte for byte as written (a client library
+/// would not send two `Host` lines), and returns the answer's status.
+async fn raw_status(url: &str, head: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = url.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("{head}\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    answer
+        .split(' ')
+        .nth(1)
+        .and_then(|status| status.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {answer:?}"))
+}
+
+/// The gateway refuses, with 400 and without calling the upstream, a request whose `Host` the
+/// gateway and the upstream could read differently (RFC 9112 section 3.2): two `Host` lines, a
+/// `Host` that is not a host and a port, an HTTP/1.1 request without one. A request in absolute
+/// form reaches the upstream with the target's host as `Host` (section 3.2.2). Before, all of
+/// them were forwarded: both `Host` lines (the gateway's `X-Forwarded-Host` naming the first,
+/// the upstream free to take the second), the bad value as it came, the upstream's own address
+/// as the `Host` of a request without one, and the `Host` line of an absolute-form request
+/// whose target named another host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_with_an_ambiguous_host_is_refused() {
+    let upstream = Upstream::start().await;
+    let gateway = Gateway::start(&config(upstream.addr, "")).await;
+    let url = gateway.url("");
+    for head in [
+        "POST /pay HTTP/1.1\r\nHost: a.example\r\nHost: b.example",
+        "POST /pay HTTP/1.1\r\nHost: a.example\r\nIdempotency-Key: host-1\r\nHost: b.example",
+        "POST /pay HTTP/1.1\r\nHost: a b",
+        "POST /pay HTTP/1.1\r\nHost: user@a.example",
+        "POST /pay HTTP/1.1",
+    ] {
+        assert_eq!(raw_status(&url, head).await, 400, "{head}");
+    }
+    assert_eq!(upstream.runs.load(Ordering::SeqCst), 0);
+
+    let head = "POST http://api.example.com/pay HTTP/1.1\r\nHost: other.example";
+    assert_eq!(raw_status(&url, head).await, 200);
+    let sent = upstream.last_request_headers();
+    assert_eq!(sent.get_all(header::HOST).iter().count(), 1);
+    assert_eq!(sent[header::HOST], "api.example.com", "{sent:?}");
+    assert_eq!(sent["x-forwarded-host"], "api.example.com", "{sent:?}");
+    // An HTTP/1.0 request may come without a Host.
+    assert_eq!(raw_status(&url, "POST /pay HTTP/1.0").await, 200);
+
+    // Over HTTP/2, a Host must name the :authority's host (case aside).
+    let runs = upstream.runs.load(Ordering::SeqCst);
+    let other = post(&gateway.url("/pay"), &[("host", "other.example")], true).await;
+    assert_eq!(other.status, StatusCode::BAD_REQUEST);
+    assert_eq!(upstream.runs.load(Ordering::SeqCst), runs);
+    let authority = gateway.url("").trim_start_matches("http://").to_owned();
+    let same = post(&gateway.url("/pay"), &[("host", &authority)], true).await;
+    assert_eq!(same.status, StatusCode::OK);
+}
