@@ -1,5 +1,5 @@
 //! The admin listener: `GET /metrics` (Prometheus text), `/healthz` (the process answers),
-//! `/readyz` (the store answers), the key API under `/api/keys` (see [`api`]) and the
+//! `/readyz` (the store answers, and the gateway is not shutting down), the key API under `/api/keys` (see [`api`]) and the
 //! operator's page `/ui` (see [`ui`]). When a token is set, every request needs
 //! `Authorization: Bearer TOKEN` (401 otherwise); `/ui` also accepts the session cookie that
 //! its login form sets (see [`session`]). Without a token, the key API and `/ui` answer only
@@ -17,6 +17,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use http::header::{self, HeaderValue};
@@ -49,6 +50,7 @@ pub struct Admin {
     monitor: Arc<Monitor>,
     sessions: Arc<Sessions>,
     throttle: Arc<Throttle>,
+    draining: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Admin {
@@ -58,6 +60,7 @@ impl std::fmt::Debug for Admin {
             .field("token", &self.token.as_ref().map(|_| "***"))
             .field("metrics", &self.metrics.is_some())
             .field("sessions", &self.sessions)
+            .field("draining", &self.draining.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
 }
@@ -157,7 +160,15 @@ impl Admin {
             monitor: Arc::new(Monitor::new()),
             sessions: Arc::new(Sessions::new()),
             throttle: Arc::new(Throttle::new()),
+            draining: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Says that the gateway is shutting down (it no longer accepts and finishes its in-flight
+    /// requests): from now on `/readyz` answers 503 `draining`, on this admin and its clones,
+    /// so a load balancer that still asks stops sending. `/healthz` stays 200 until the end.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Release);
     }
 
     /// Checks the bearer token of `request` from `peer`: a peer that sent too many wrong
@@ -238,6 +249,10 @@ impl Admin {
         }
         match path {
             "/healthz" => text(StatusCode::OK, "ok\n"),
+            "/readyz" if self.draining.load(Ordering::Acquire) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "draining: the gateway is shutting down\n",
+            ),
             "/readyz" => match tokio::time::timeout(READY_TIMEOUT, self.store.ping()).await {
                 Ok(Ok(())) => text(StatusCode::OK, "ready\n"),
                 Ok(Err(err)) => text(StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}\n")),

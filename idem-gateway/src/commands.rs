@@ -230,16 +230,17 @@ async fn serve_gateway(
     };
     let workers = workers(config, &store, own_stores, &tracker, listeners)?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let admin = match admin_listener {
+    let (admin, draining) = match admin_listener {
         Some((settings, admin_listener, addr)) => {
             let admin = Admin::new(store.clone(), settings.token.clone(), metrics);
+            let draining = admin.clone();
             let mut admin_stopped = stopped.clone();
             tokio::spawn(admin.serve(admin_listener, async move {
                 let _ = admin_stopped.wait_for(|stop| *stop).await;
             }));
-            Some(addr)
+            (Some(addr), Some(draining))
         }
-        None => None,
+        None => (None, None),
     };
     let server = config.server.clone();
     let mut stopped_by_call = stopped;
@@ -249,6 +250,10 @@ async fn serve_gateway(
             tokio::select! {
                 () = shutdown => {}
                 _ = stopped_by_call.wait_for(|stop| *stop) => {}
+            }
+            // Not ready from here on: the listeners close, the in-flight requests finish.
+            if let Some(admin) = &draining {
+                admin.start_draining();
             }
         };
         let drained = serve_workers(workers, &server, tracker, stop_signal).await;

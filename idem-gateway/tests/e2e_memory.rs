@@ -20,6 +20,15 @@ fn record_key(key: &str) -> RecordKey {
     RecordKey::unscoped(IdempotencyKey::new(key).unwrap())
 }
 
+/// Waits (2 s at most) until `gateway`'s store holds a record of `key`: its request reached
+/// the gateway and claimed the key.
+async fn until_claimed(gateway: &Gateway, key: &str) -> bool {
+    eventually(Duration::from_secs(2), || async {
+        gateway.store.get(&record_key(key)).await.unwrap().is_some()
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_is_replayed_and_the_upstream_runs_once() {
     let fixture = Fixture::start();
@@ -119,17 +128,7 @@ async fn a_duplicate_in_flight_gets_409_with_retry_after() {
         let (http, url) = (http.clone(), url.clone());
         async move { http.post_key(&url, "slow-1", "").await }
     });
-    assert!(
-        eventually(Duration::from_secs(2), || async {
-            gateway
-                .store
-                .get(&record_key("slow-1"))
-                .await
-                .unwrap()
-                .is_some()
-        })
-        .await
-    );
+    assert!(until_claimed(&gateway, "slow-1").await);
     let duplicate = http.post_key(&url, "slow-1", "").await;
     assert_eq!(duplicate.status, 409);
     let retry_after: u64 = duplicate.header("retry-after").unwrap().parse().unwrap();
@@ -735,17 +734,7 @@ async fn shutdown_lets_in_flight_requests_finish_within_the_grace() {
         let http = http.clone();
         async move { http.post_key(&url, "drain", "").await }
     });
-    assert!(
-        eventually(Duration::from_secs(2), || async {
-            gateway
-                .store
-                .get(&record_key("drain"))
-                .await
-                .unwrap()
-                .is_some()
-        })
-        .await
-    );
+    assert!(until_claimed(&gateway, "drain").await);
     let drained = gateway.running.take().unwrap().stop().await.unwrap();
     assert!(drained.clean, "{drained:?}");
     assert_eq!(request.await.unwrap().status, 200);
@@ -764,6 +753,40 @@ async fn shutdown_lets_in_flight_requests_finish_within_the_grace() {
     );
 }
 
+/// Once the gateway starts shutting down, `/readyz` says so (503 `draining`) while the
+/// in-flight request finishes; `/healthz` stays 200. Before, `/readyz` answered 200 until the
+/// admin listener closed, while the gateway's own listener refused connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_is_503_while_the_gateway_drains() {
+    let fixture = Fixture::start();
+    let mut gateway = Gateway::start(&config(fixture.addr, "")).await;
+    let admin = gateway.admin.clone().unwrap();
+    let http = Http::new();
+    let readyz = format!("{admin}/readyz");
+    assert_eq!(http.send(Method::GET, &readyz, &[], "").await.status, 200);
+    let url = gateway.url("/slow?ms=3000");
+    let request = tokio::spawn({
+        let http = http.clone();
+        async move { http.post_key(&url, "draining", "").await }
+    });
+    assert!(until_claimed(&gateway, "draining").await);
+    let running = gateway.running.take().unwrap();
+    let stopped = tokio::spawn(running.stop());
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            let answer = http.send(Method::GET, &readyz, &[], "").await;
+            answer.status == 503 && answer.text().contains("draining")
+        })
+        .await
+    );
+    let healthz = http
+        .send(Method::GET, &format!("{admin}/healthz"), &[], "")
+        .await;
+    assert_eq!(healthz.status, 200);
+    assert_eq!(request.await.unwrap().status, 200);
+    assert!(stopped.await.unwrap().unwrap().clean);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_past_the_grace_releases_the_keys_of_what_is_left() {
     let fixture = Fixture::start();
@@ -775,17 +798,7 @@ async fn shutdown_past_the_grace_releases_the_keys_of_what_is_left() {
     let mut gateway = Gateway::start(&config).await;
     let url = gateway.url("/slow?ms=5000");
     let request = tokio::spawn(async move { Http::new().post_key(&url, "cut", "").await });
-    assert!(
-        eventually(Duration::from_secs(2), || async {
-            gateway
-                .store
-                .get(&record_key("cut"))
-                .await
-                .unwrap()
-                .is_some()
-        })
-        .await
-    );
+    assert!(until_claimed(&gateway, "cut").await);
     let drained = gateway.running.take().unwrap().stop().await.unwrap();
     assert!(!drained.clean);
     assert_eq!(drained.abandoned, 0);
