@@ -216,7 +216,15 @@ fn settings_checked_together() {
     );
     assert_one_line_error(
         &idem(&["check-config", path(&bad)]),
-        &["workers.toml:4:11", "workers must be at least 1"],
+        &["workers.toml:4:11", "workers must be 1 to 1024"],
+    );
+    let bad = file(
+        "many.toml",
+        "[upstream]\nurl = \"http://h:1\"\n[server]\nworkers = 100000\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&bad)]),
+        &["many.toml:4:11", "workers must be 1 to 1024"],
     );
     let bad = file(
         "budget.toml",

@@ -36,6 +36,9 @@ pub mod defaults {
     pub fn workers() -> std::num::NonZeroUsize {
         std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN)
     }
+    /// The most `[server] workers`: each is a thread with its own runtime, listener and store
+    /// connection, and no machine gains from more than this.
+    pub const MAX_WORKERS: usize = 1024;
     /// `[upstream] connect_timeout`.
     pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
     /// `[upstream] timeout`.
@@ -612,9 +615,17 @@ impl Config {
             None => defaults::MAX_HEADERS,
         };
         let workers = match &server.workers {
-            Some(spanned) => NonZeroUsize::new(*spanned.get_ref()).ok_or_else(|| {
-                origin.error_at(Some(spanned.span().start), "workers must be at least 1")
-            })?,
+            Some(spanned) => NonZeroUsize::new(*spanned.get_ref())
+                .filter(|workers| workers.get() <= defaults::MAX_WORKERS)
+                .ok_or_else(|| {
+                    origin.error_at(
+                        Some(spanned.span().start),
+                        format!(
+                            "workers must be 1 to {} (one serving thread each)",
+                            defaults::MAX_WORKERS
+                        ),
+                    )
+                })?,
             None => defaults::workers(),
         };
         let server_listen_at = match (&listen, &server.listen) {
