@@ -125,7 +125,9 @@ pub enum StoreFailure {
     #[default]
     FailClosed,
     /// Run the handler without a record; the response carries `Idempotency-Status: unrecorded`
-    /// and the outcome `store_error`.
+    /// and the outcome `store_error`. Without a claim there is no fence: the request carries
+    /// no [`IdempotencyContext`](crate::IdempotencyContext), so a handler that extracts one
+    /// takes `Option<IdempotencyContext>` (the plain extractor answers 500).
     FailOpen,
 }
 

@@ -6,6 +6,11 @@ use idem_core::{Fence, IdempotencyKey, Scope};
 /// (and extracted by axum handlers with the `axum` feature). Pass the key to a downstream
 /// service that takes idempotency keys, and the fence to a store that refuses stale writes.
 ///
+/// Only a request the layer holds a claim for has one: not a request without a key (an
+/// optional key), and not one the layer runs unrecorded because the store could not be reached
+/// ([`StoreFailure::FailOpen`](crate::StoreFailure::FailOpen): no claim, so no fence). A
+/// handler that must run in those cases takes `Option<IdempotencyContext>`.
+///
 /// ```
 /// use idem_http::IdempotencyContext;
 ///
@@ -58,9 +63,11 @@ mod extract {
 
     use super::IdempotencyContext;
 
-    /// The route is not behind the layer, or its request had no key (an optional key): use
-    /// `Option<IdempotencyContext>` where the key is optional. Answers 500 with an RFC 9457
-    /// `application/problem+json` body.
+    /// The handler asked for an [`IdempotencyContext`] the request does not carry: the route
+    /// is not behind the layer, its request had no key (an optional key), or the store could
+    /// not be reached and the layer runs the handler unrecorded (fail open). Use
+    /// `Option<IdempotencyContext>` where the handler must run without one. Answers 500 with
+    /// an RFC 9457 `application/problem+json` body.
     #[derive(Clone, Copy, Debug)]
     pub struct MissingContext;
 
@@ -68,7 +75,7 @@ mod extract {
     const MISSING_CONTEXT: &str = concat!(
         r#"{"type":"https://docs.rs/idem-http/latest/idem_http/struct.MissingContext.html","#,
         r#""title":"Idempotency context missing","status":500,"#,
-        r#""detail":"the handler asked for the idempotency context, but the route is not behind IdempotencyLayer or its request had no key: use Option<IdempotencyContext> where the key is optional"}"#
+        r#""detail":"the handler asked for the idempotency context, but the route is not behind IdempotencyLayer, its request had no key, or the idempotency store could not be reached and the request runs unrecorded (fail open): use Option<IdempotencyContext> where the handler must run without one"}"#
     );
 
     impl IntoResponse for MissingContext {

@@ -69,7 +69,8 @@
 //!   ([`StoreFailure::FailOpen`]).
 //! - Refusals are RFC 9457 problem+json ([`rejection`]), replaceable. Every response carries
 //!   its [`Outcome`] in its extensions; the handler finds an [`IdempotencyContext`] (key, scope,
-//!   fence) in its request's, or extracts it with the `axum` feature.
+//!   fence) in its request's, or extracts it with the `axum` feature (none when the request
+//!   runs unrecorded, fail open).
 //!
 //! The request body type must be buildable from [`bytes::Bytes`] (axum's `Body`,
 //! `http_body_util::Full<Bytes>`), since the layer reads the body before the handler runs.
