@@ -17,6 +17,9 @@
 //! | store down | fail closed (503 + `Retry-After: 1`) |
 //! | wait mode | off (409 while the original is in flight) |
 //! | key syntax | lenient (a bare key is accepted) |
+//! | rejections | RFC 9457 problem+json ([`ProblemJson`]) |
+//! | keys in logs | as sent (not a digest) |
+//! | `store` label of the store metrics | `store` |
 //!
 //! ```
 //! use std::time::Duration;
@@ -465,7 +468,9 @@ impl ConfigBuilder {
         self
     }
 
-    /// Never store the response header (or trailer) `name`.
+    /// Never store the response header (or trailer) `name`, beside those never stored by
+    /// default: the hop-by-hop ones, `Content-Length`, `Date`, `Set-Cookie`,
+    /// `WWW-Authenticate` and `Proxy-Authenticate`.
     ///
     /// # Errors
     /// [`ConfigError::InvalidHeaderName`].
