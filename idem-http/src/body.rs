@@ -2,7 +2,7 @@
 //! that leaves the layer.
 
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -40,8 +40,20 @@ where
     }
 }
 
-/// A frame sent from the handler's task to the caller's response body.
-pub(crate) type StreamFrame = Result<Frame<Bytes>, BoxError>;
+/// What the handler's task sends to the caller's response body: its frames (or the error
+/// that broke the body off), then [`StreamFrame::End`] once the response is settled.
+pub(crate) enum StreamFrame {
+    /// A frame of the handler's body, or its error.
+    Frame(Result<Frame<Bytes>, BoxError>),
+    /// The body is complete.
+    End,
+}
+
+/// The error that ends a streamed body whose task stopped before sending
+/// [`StreamFrame::End`] (the handler's body panicked, or the task was cancelled): the client
+/// sees a response broken off, as it would without the layer, never a shorter one that looks
+/// complete.
+const BROKEN_OFF: &str = "the response body ended before the handler finished it";
 
 pin_project! {
     /// The body of every response that leaves the layer: the handler's own body (passed
@@ -137,11 +149,17 @@ where
                 if *done {
                     return Poll::Ready(None);
                 }
-                let polled = frames.poll_recv(cx);
-                if let Poll::Ready(None) = polled {
-                    *done = true;
-                }
-                polled
+                Poll::Ready(match ready!(frames.poll_recv(cx)) {
+                    Some(StreamFrame::Frame(frame)) => Some(frame),
+                    Some(StreamFrame::End) => {
+                        *done = true;
+                        None
+                    }
+                    None => {
+                        *done = true;
+                        Some(Err(BROKEN_OFF.into()))
+                    }
+                })
             }
         }
     }

@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tower_service::Service;
 
-use crate::body::{self, CaptureError, ResponseBody};
+use crate::body::{self, CaptureError, ResponseBody, StreamFrame};
 use crate::codec::{self, StoredResponse};
 use crate::config::{Config, KeyPolicy, StoreFailure};
 use crate::context::IdempotencyContext;
@@ -553,11 +553,13 @@ async fn drive<S, ReqBody, ResBody>(
                     trailers.extend(shared.config.storable_headers(sent));
                 }
                 // A caller that went away no longer reads: keep going, the record matters.
-                let _ = claim.beating(frames.send(Ok(frame))).await;
+                let _ = claim
+                    .beating(frames.send(StreamFrame::Frame(Ok(frame))))
+                    .await;
             }
             Err(error) => {
                 claim.release("body_error").await;
-                let _ = frames.send(Err(error.into())).await;
+                let _ = frames.send(StreamFrame::Frame(Err(error.into()))).await;
                 return;
             }
         }
@@ -572,6 +574,9 @@ async fn drive<S, ReqBody, ResBody>(
     if let Some(encoded) = claim.complete(response).await {
         claim.retry_complete(encoded).await;
     }
+    // Only now is the body complete: a task that stops before this line (a panic in the
+    // handler's body) breaks the caller's body off instead of ending it.
+    let _ = frames.send(StreamFrame::End).await;
 }
 
 /// A held claim: keeps its lease by heartbeat while the handler runs, and is released if

@@ -1,6 +1,6 @@
 //! The settings of the layer that the fixture does not exercise, on an axum app served on
 //! 127.0.0.1:0 and called with a real HTTP client: optional keys, a store that is down (fail
-//! closed and fail open), a panicking handler, bounded wait mode, strict keys, other scopes,
+//! closed and fail open), a panicking handler (and a streamed body that panics), bounded wait mode, strict keys, other scopes,
 //! a replaced rejection, a small storage cap, stored 5xx, a status above 599, other methods,
 //! the outcome in the response extensions, and the axum extractor.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -291,6 +291,77 @@ async fn a_response_body_that_fails_is_500_and_releases_the_claim() {
         assert!(body.contains("ResponseBodyFailed"), "{body}");
         assert_eq!(app.count(), attempt);
     }
+}
+
+/// A streamed response body (no length announced) that sends a frame, then panics.
+struct PanicsMidway {
+    sent: bool,
+    pause: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl http_body::Body for PanicsMidway {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        if !self.sent {
+            self.sent = true;
+            // The rest is late: the layer answers with the head and streams the body.
+            self.pause = Some(Box::pin(tokio::time::sleep(Duration::from_millis(20))));
+            let part = Bytes::from_static(b"part one;");
+            return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(part))));
+        }
+        if let Some(pause) = self.pause.as_mut() {
+            std::task::ready!(pause.as_mut().poll(cx));
+        }
+        panic!("the response body breaks (expected in this test)");
+    }
+}
+
+/// A streamed response body that panicked after its first frame reached the client as a
+/// complete 200 of that one frame (the end of a chunked body), while the claim was released:
+/// the client had no way to know it should retry. It now breaks off, as it does without the
+/// layer, and the retry runs the handler again.
+#[tokio::test]
+async fn a_streamed_body_that_panics_is_broken_off_not_cut_short() {
+    let app = App::serve(MemoryStore::new(), Config::builder(), |counter| {
+        Router::new().route(
+            "/run",
+            post(move || async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                Body::new(PanicsMidway {
+                    sent: false,
+                    pause: None,
+                })
+            }),
+        )
+    })
+    .await;
+    let request = || {
+        Request::post(format!("http://{}/run", app.addr))
+            .header("idempotency-key", "\"midway\"")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    let response = app.client.request(request()).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response.into_body().collect().await;
+    assert!(body.is_err(), "a complete-looking body: {body:?}");
+    // The release is spawned by the claim's drop guard: give it a moment.
+    let mut retry = app.client.request(request()).await.unwrap();
+    for _ in 0..50 {
+        if retry.status() != StatusCode::CONFLICT {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        retry = app.client.request(request()).await.unwrap();
+    }
+    assert_eq!(retry.status(), StatusCode::OK);
+    assert!(retry.into_body().collect().await.is_err());
+    assert_eq!(app.count(), 2);
 }
 
 #[tokio::test]
