@@ -198,7 +198,8 @@ impl Rejection {
         }
     }
 
-    /// The [`Outcome`] a response with this rejection carries.
+    /// The [`Outcome`] a response with this rejection carries (`store_error` instead for the
+    /// [`Rejection::HandlerFailed`] of a request run unrecorded, fail open).
     #[must_use]
     pub fn outcome(&self) -> Outcome {
         match self {

@@ -306,13 +306,20 @@ async fn process<S, ReqBody, ResBody>(
                 if matches!(error, StoreError::Timeout { .. }) {
                     release_if_granted(shared.clone(), claim.clone());
                 }
-                break match config.store_failure {
+                match config.store_failure {
                     StoreFailure::FailClosed => {
                         let retry_after = config.store_retry_after;
-                        Ok(reject(&shared, Rejection::StoreUnavailable { retry_after }))
+                        break Ok(reject(&shared, Rejection::StoreUnavailable { retry_after }));
                     }
-                    StoreFailure::FailOpen => run_unrecorded(inner, parts, bytes).await,
-                };
+                    StoreFailure::FailOpen => {
+                        let reply = UnrecordedReply {
+                            shared: shared.clone(),
+                            reply: Some(reply),
+                        };
+                        run_unrecorded(inner, parts, bytes, reply).await;
+                        return;
+                    }
+                }
             }
         }
     };
@@ -372,21 +379,52 @@ async fn run_unrecorded<S, ReqBody, ResBody>(
     mut inner: S,
     parts: request::Parts,
     bytes: Bytes,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
-where
+    mut reply: UnrecordedReply<ResBody, S::Error>,
+) where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ReqBody: From<Bytes>,
 {
-    let response = inner
+    let answer = inner
         .call(Request::from_parts(parts, ReqBody::from(bytes)))
-        .await?;
-    let mut response = response.map(ResponseBody::inner);
+        .await
+        .map(|response| unrecorded(response.map(ResponseBody::inner)));
+    reply.send(answer);
+}
+
+/// Marks a response the store did not record (fail open): `Idempotency-Status: unrecorded` and
+/// the outcome `store_error`.
+fn unrecorded<B>(mut response: Response<ResponseBody<B>>) -> Response<ResponseBody<B>> {
     response.headers_mut().insert(
         HeaderName::from_static(STATUS_HEADER),
         HeaderValue::from_static("unrecorded"),
     );
     response.extensions_mut().insert(Outcome::StoreError);
-    Ok(response)
+    response
+}
+
+/// The answer of a request run unrecorded (fail open). Dropped unsent (the handler panicked),
+/// it answers the 500 of [`Rejection::HandlerFailed`], marked unrecorded like every response of
+/// a request the store did not record.
+struct UnrecordedReply<B, E> {
+    shared: Arc<Shared>,
+    reply: Option<oneshot::Sender<Reply<B, E>>>,
+}
+
+impl<B, E> UnrecordedReply<B, E> {
+    fn send(&mut self, answer: Reply<B, E>) {
+        if let Some(reply) = self.reply.take() {
+            let _ = reply.send(answer);
+        }
+    }
+}
+
+impl<B, E> Drop for UnrecordedReply<B, E> {
+    fn drop(&mut self) {
+        if self.reply.is_some() {
+            let failed = unrecorded(reject(&self.shared, Rejection::HandlerFailed));
+            self.send(Ok(failed));
+        }
+    }
 }
 
 /// The stored response of `record`, replayed.

@@ -1,7 +1,7 @@
 //! Fail-open over a real Redis whose connection is cut: the store is reached through a TCP
 //! relay the test closes, so the layer meets a store that went down under it. The handler runs,
-//! its response is marked, and a handler that asks for the `IdempotencyContext` learns why it
-//! has none.
+//! its response is marked (also the 500 of a handler that panics), and a handler that asks for
+//! the `IdempotencyContext` learns why it has none.
 #![cfg(feature = "axum")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -125,6 +125,14 @@ async fn fail_open_runs_the_handler_without_a_context_and_says_so() {
                 ctx.map_or("unrecorded".to_owned(), |ctx| ctx.key().to_string())
             }),
         )
+        .route(
+            "/panics",
+            post(|| async {
+                panic!("the handler fails (expected in this test)");
+                #[allow(unreachable_code)]
+                ""
+            }),
+        )
         .layer(layer);
     let key = format!("fail-open-{}", std::process::id());
 
@@ -150,13 +158,26 @@ async fn fail_open_runs_the_handler_without_a_context_and_says_so() {
     let body = unrecorded.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(body, "unrecorded");
 
-    let refused = app.oneshot(keyed("/context", &other)).await.unwrap();
+    let refused = app
+        .clone()
+        .oneshot(keyed("/context", &other))
+        .await
+        .unwrap();
     assert_eq!(refused.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(refused.headers()["idempotency-status"], "unrecorded");
     let body = refused.into_body().collect().await.unwrap().to_bytes();
     let problem = String::from_utf8_lossy(&body);
     assert!(problem.contains("fail open"), "{problem}");
     assert!(problem.contains("Option<IdempotencyContext>"), "{problem}");
+
+    // A handler that panics while it runs unrecorded: its 500 is marked like any answer.
+    let panicked = app.clone().oneshot(keyed("/panics", &other)).await.unwrap();
+    assert_eq!(panicked.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(panicked.headers()["idempotency-status"], "unrecorded");
+    assert_eq!(
+        panicked.extensions().get::<Outcome>(),
+        Some(&Outcome::StoreError)
+    );
 
     // Clean up the one record written while the store answered.
     let direct = RedisStore::connect(direct).await.unwrap();
