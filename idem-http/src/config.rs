@@ -447,7 +447,9 @@ impl ConfigBuilder {
         self
     }
 
-    /// How long a stored response is kept (default 24 h).
+    /// How long a stored response is kept (default 24 h). Keep it longer than the lease: a
+    /// duplicate answered 409 is told to come back after up to a lease (`Retry-After`), and a
+    /// retry that arrives after the retention finds no record and runs the request again.
     pub fn retention(mut self, retention: Duration) -> Self {
         self.config.retention = retention;
         self
