@@ -69,6 +69,37 @@ fn the_shipped_example_is_valid() {
     assert_eq!(value["routes"][0]["key"], "required");
 }
 
+/// The example repeats the defaults, so a lease given on the command line or in the
+/// environment works with it as it does without a file: an unset heartbeat follows a short
+/// lease (a third of it), where a heartbeat written into the file would refuse it.
+#[test]
+fn the_shipped_example_takes_a_short_lease_as_the_defaults_do() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/idem.example.toml");
+    let output = idem(&["--lease", "5s", "check-config", "--json", example]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let value: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let routes = value["routes"].as_array().unwrap();
+    assert!(!routes.is_empty());
+    for route in routes {
+        assert_eq!(route["lease_ms"], 5000, "{route}");
+        assert_eq!(route["heartbeat_ms"], 1666, "{route}");
+    }
+    let without_file = idem(&[
+        "--lease",
+        "5s",
+        "--upstream",
+        "http://127.0.0.1:3000",
+        "check-config",
+        "--json",
+    ]);
+    let value: serde_json::Value = serde_json::from_slice(&without_file.stdout).unwrap();
+    assert_eq!(value["routes"][0]["heartbeat_ms"], 1666, "{value}");
+}
+
 #[test]
 fn malformed_toml_names_the_position() {
     let bad = file(
