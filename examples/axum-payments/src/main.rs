@@ -161,10 +161,14 @@ fn app(layer: IdempotencyLayer, provider_latency: Duration) -> Router {
         })
 }
 
+/// The namespace of the records in a shared store: the Redis key prefix, the PostgreSQL
+/// schema (the README names it).
+const NAMESPACE: &str = "axum_payments";
+
 /// The layer over the store named on the command line: `memory`, `redis://...`,
 /// `postgres://...` or `redb:PATH`.
 async fn layer(store: &str) -> Result<IdempotencyLayer, String> {
-    let opened = idem::open(store, "axum_payments")
+    let opened = idem::open(store, NAMESPACE)
         .await
         .map_err(|e| format!("--{e}"))?;
     let config = Config::builder()
@@ -277,5 +281,63 @@ mod tests {
         )
         .await;
         assert_eq!(status, StatusCode::CREATED);
+    }
+
+    /// The README tells an operator where the records are: the namespace it names is the one
+    /// the records are written under.
+    #[cfg(feature = "redis")]
+    #[tokio::test]
+    async fn records_on_redis_are_in_the_namespace_the_readme_names() {
+        use idem::Store;
+        use idem::redis::{RedisConfig, RedisStore};
+        use idem_testkit::probe::{require_tcp, service_url};
+
+        let readme = include_str!("../README.md");
+        assert!(
+            readme.contains(&format!("(namespace `{NAMESPACE}`")),
+            "the README names another namespace"
+        );
+        let url = service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+        let host_port = url
+            .trim_start_matches("redis://")
+            .split('/')
+            .next()
+            .unwrap()
+            .to_owned();
+        if !require_tcp("Redis", &host_port) {
+            return;
+        }
+        let app = app(layer(&url).await.unwrap(), Duration::ZERO);
+        let key = format!("readme-{:016x}", rand_key());
+        let pay = r#"{"amount": 5, "currency": "eur"}"#;
+        let (status, body) = call(&app, "POST", "/payments", Some(&key), pay).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+
+        let config = RedisConfig::new(url.as_str())
+            .unwrap()
+            .with_namespace(NAMESPACE)
+            .unwrap();
+        let store = RedisStore::connect(config).await.unwrap();
+        let mut query = idem::ScanQuery::all();
+        let mut found = None;
+        loop {
+            let page = store.scan(&query).await.unwrap();
+            found = found.or(page.records.into_iter().find(|r| r.key.key.as_str() == key));
+            match page.next_cursor {
+                Some(cursor) if found.is_none() => query.cursor = Some(cursor),
+                _ => break,
+            }
+        }
+        let record = found.expect("the payment's record in the namespace the README names");
+        assert!(store.delete(&record.key).await.unwrap());
+    }
+
+    /// A key of this test run: the time in nanoseconds, unique enough for one test.
+    #[cfg(feature = "redis")]
+    fn rand_key() -> u128 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
     }
 }
