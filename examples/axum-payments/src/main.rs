@@ -147,11 +147,13 @@ async fn stats(State(db): State<Db>) -> Response {
 }
 
 /// The API: POSTs behind the layer (key required, scoped by `Authorization`), GETs outside.
+/// The layer is a route layer: a path no route serves is 404 with or without a key, and
+/// nothing is stored for it.
 fn app(layer: IdempotencyLayer, provider_latency: Duration) -> Router {
     let writes = Router::new()
         .route("/payments", post(create_payment))
         .route("/orders", post(create_order))
-        .layer(layer);
+        .route_layer(layer);
     writes
         .route("/payments/{id}", get(get_payment))
         .route("/stats", get(stats))
@@ -281,6 +283,20 @@ mod tests {
         )
         .await;
         assert_eq!(status, StatusCode::CREATED);
+    }
+
+    /// A mistyped path is 404, not "Idempotency key required", and no record is kept for it:
+    /// the same key then works on the right path.
+    #[tokio::test]
+    async fn a_path_no_route_serves_is_404_and_stores_nothing() {
+        let app = app(layer("memory").await.unwrap(), Duration::ZERO);
+        let pay = r#"{"amount": 7, "currency": "eur"}"#;
+        let (status, _) = call(&app, "POST", "/payment", None, pay).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        let (status, _) = call(&app, "POST", "/payment", Some("\"typo-1\""), pay).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        let (status, body) = call(&app, "POST", "/payments", Some("\"typo-1\""), pay).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
     }
 
     /// The README tells an operator where the records are: the namespace it names is the one
