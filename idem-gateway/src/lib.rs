@@ -5,6 +5,35 @@
 //! HTTP semantics of `idem-http`, per route). `idem demo` runs it with a built-in upstream;
 //! `idem check-config`, `idem keys` and `idem store` are the admin commands.
 //!
+//! ```
+//! use std::time::Duration;
+//! use idem_gateway::config::{self, Overrides};
+//! use idem_gateway::config::toml::KeyMode;
+//!
+//! // What `idem check-config` reads: the file (here as text), then the flags' overrides.
+//! let text = r#"
+//! [upstream]
+//! url = "http://127.0.0.1:3000"
+//!
+//! [[route]]
+//! path = "/payments"
+//! key = "required"
+//! "#;
+//! let overrides = Overrides { lease: Some("45s".into()), ..Overrides::default() };
+//! let config = config::from_str("idem.toml", text, &overrides)?;
+//! let payments = &config.routes[0];
+//! assert_eq!(payments.name, "/payments");
+//! assert_eq!(payments.settings.key, KeyMode::Required);
+//! assert_eq!(payments.settings.lease, Duration::from_secs(45)); // --lease, on every route
+//! assert_eq!(payments.settings.retention, Duration::from_secs(24 * 3600)); // the default
+//!
+//! // A mistake is one error that names its position, as the command prints it.
+//! let err = config::from_str("idem.toml", "[upstream]\nretries = 3\n", &Overrides::default())
+//!     .unwrap_err();
+//! assert!(err.to_string().starts_with("idem.toml:2:1: unknown field `retries`"), "{err}");
+//! # Ok::<(), idem_gateway::config::ConfigError>(())
+//! ```
+//!
 //! This library is what the binary is made of, for tests and embedding:
 //! - [`config`]: the TOML file, the overrides, and the one function that validates them;
 //! - [`cli`]: the command line;
