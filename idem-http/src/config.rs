@@ -8,7 +8,8 @@
 //! | covered methods | POST and PATCH (others pass through untouched) |
 //! | key | optional: a request without one passes through, nothing is stored |
 //! | scope | a hash of the `Authorization` header when present, else none |
-//! | lease | 30 s, extended by a heartbeat every 10 s while the handler runs |
+//! | lease | 30 s, extended by a heartbeat while the handler runs |
+//! | heartbeat | every 10 s, or a third of the lease where that is shorter |
 //! | retention | 24 h |
 //! | request body limit | 1 MiB (413 above it) |
 //! | response storage cap | 1 MiB, encoded and compressed |
@@ -216,7 +217,7 @@ impl Default for Config {
             key_policy: KeyPolicy::Optional,
             scope: ScopeSource::Authorization,
             lease: Duration::from_secs(30),
-            heartbeat: Duration::from_secs(10),
+            heartbeat: DEFAULT_HEARTBEAT,
             retention: Duration::from_secs(24 * 60 * 60),
             body_limit: MIB,
             storage_cap: MIB,
@@ -242,6 +243,7 @@ impl Config {
     pub fn builder() -> ConfigBuilder {
         ConfigBuilder {
             config: Config::default(),
+            heartbeat_set: false,
         }
     }
 
@@ -367,6 +369,9 @@ fn single<'h>(
 #[must_use]
 pub struct ConfigBuilder {
     config: Config,
+    /// Whether [`ConfigBuilder::heartbeat`] was called: an unset heartbeat follows a short
+    /// lease.
+    heartbeat_set: bool,
 }
 
 fn header_name(name: &str) -> Result<HeaderName, ConfigError> {
@@ -441,9 +446,11 @@ impl ConfigBuilder {
         self
     }
 
-    /// How often a running handler's lease is extended (default 10 s); shorter than the lease.
+    /// How often a running handler's lease is extended; shorter than the lease. Default: 10 s,
+    /// or a third of the lease where that is shorter (a lease of 3 s beats every second).
     pub fn heartbeat(mut self, every: Duration) -> Self {
         self.config.heartbeat = every;
+        self.heartbeat_set = true;
         self
     }
 
@@ -557,7 +564,10 @@ impl ConfigBuilder {
     /// # Errors
     /// [`ConfigError`] naming the setting refused.
     pub fn build(self) -> Result<Config, ConfigError> {
-        let config = self.config;
+        let mut config = self.config;
+        if !self.heartbeat_set {
+            config.heartbeat = default_heartbeat(config.lease);
+        }
         for (value, what) in [
             (config.lease, "the lease"),
             (config.heartbeat, "the heartbeat interval"),
@@ -583,6 +593,15 @@ impl ConfigBuilder {
     }
 }
 
+/// The heartbeat of a lease when none is set: every 10 s, or a third of the lease where that is
+/// shorter, so the lease is extended at least twice before it would lapse.
+fn default_heartbeat(lease: Duration) -> Duration {
+    DEFAULT_HEARTBEAT.min(lease / 3)
+}
+
+/// The heartbeat of the default lease.
+const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -596,6 +615,31 @@ mod tests {
         assert_eq!(config.lease(), Duration::from_secs(30));
         assert_eq!(config.heartbeat(), Duration::from_secs(10));
         assert_eq!(config.retention(), Duration::from_secs(86_400));
+        // An unset heartbeat follows a short lease; a longer lease keeps 10 s.
+        let short = Config::builder()
+            .lease(Duration::from_secs(3))
+            .build()
+            .unwrap();
+        assert_eq!(short.heartbeat(), Duration::from_secs(1));
+        let long = Config::builder()
+            .lease(Duration::from_secs(120))
+            .build()
+            .unwrap();
+        assert_eq!(long.heartbeat(), Duration::from_secs(10));
+        // One set is kept, and checked against the lease.
+        let set = Config::builder()
+            .lease(Duration::from_secs(3))
+            .heartbeat(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        assert_eq!(set.heartbeat(), Duration::from_secs(2));
+        assert!(
+            Config::builder()
+                .lease(Duration::from_secs(3))
+                .heartbeat(Duration::from_secs(3))
+                .build()
+                .is_err()
+        );
         assert_eq!(config.body_limit(), MIB);
         assert_eq!(config.storage_cap(), MIB);
         assert_eq!(config.key_policy, KeyPolicy::Optional);
