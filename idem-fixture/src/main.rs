@@ -10,7 +10,8 @@
 //! - `--listen ADDR`: where to listen (default `127.0.0.1:0`; port 0 picks a free port). The
 //!   first line on stdout is the bound address.
 //! - `--store URL`: `memory` (the default), `redis://HOST:PORT[/DB]` (namespace
-//!   `idem_fixture`), `postgres://USER@HOST/DB` (schema `idem_fixture`, migrated on connect)
+//!   `idem_fixture`), `redis+cluster://HOST:PORT,HOST:PORT` (a Redis Cluster, any nodes of it
+//!   as seeds), `postgres://USER@HOST/DB` (schema `idem_fixture`, migrated on connect)
 //!   or `redb:PATH` (each behind the cargo feature of its name, all on by default). A Redis or
 //!   PostgreSQL server that does not answer at start (down, or a closed port) does not stop the
 //!   fixture: the routes behind the layer answer 503 with `Retry-After` and run nothing until it
@@ -72,7 +73,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const MAX_LARGE: usize = 256 * 1024 * 1024;
 const MAX_SLOW_MS: u64 = 600_000;
 
-const USAGE: &str = "usage: idem-fixture [--listen ADDR] [--store memory|redis://HOST:PORT|postgres://USER@HOST/DB|redb:PATH] [--namespace NAME] [--retention-ms N] [--lease-ms N] [--memory-capacity N] [--bare]";
+const USAGE: &str = "usage: idem-fixture [--listen ADDR] [--store memory|redis://HOST:PORT|redis+cluster://HOST:PORT,HOST:PORT|postgres://USER@HOST/DB|redb:PATH] [--namespace NAME] [--retention-ms N] [--lease-ms N] [--memory-capacity N] [--bare]";
 
 /// The Redis namespace and PostgreSQL schema unless `--namespace` names another.
 const NAMESPACE: &str = "idem_fixture";
@@ -303,9 +304,16 @@ async fn open_store(
     spec: &str,
     namespace: Option<&str>,
 ) -> Result<(Arc<dyn Store>, &'static str), String> {
-    let shared = ["redis://", "rediss://", "postgres://", "postgresql://"]
-        .iter()
-        .any(|scheme| spec.starts_with(scheme));
+    let shared = [
+        "redis://",
+        "rediss://",
+        "redis+cluster://",
+        "rediss+cluster://",
+        "postgres://",
+        "postgresql://",
+    ]
+    .iter()
+    .any(|scheme| spec.starts_with(scheme));
     if namespace.is_some() && !shared {
         return Err(NAMESPACE_SHARED_ONLY.to_owned());
     }

@@ -920,3 +920,137 @@ async fn redis_namespaces_keep_fixtures_apart() {
     assert!(replay.is_replay(), "{replay:?}");
     assert_eq!(again.counter().await, 0);
 }
+
+/// Three `redis-server --cluster-enabled yes` processes of a test's own, made one Cluster with
+/// `redis-cli --cluster create`; killed, and their directory removed, when dropped.
+#[cfg(feature = "redis")]
+struct RedisCluster {
+    servers: Vec<std::process::Child>,
+    ports: Vec<u16>,
+    dir: std::path::PathBuf,
+}
+
+#[cfg(feature = "redis")]
+impl RedisCluster {
+    /// The Cluster, once every node says `cluster_state:ok`; `None` (skipped loudly, a failure
+    /// under CI=true) where `redis-server` is not installed.
+    async fn start() -> Option<RedisCluster> {
+        let dir = std::env::temp_dir().join(unique("idem-fixture-cluster"));
+        let mut cluster = RedisCluster {
+            servers: Vec::new(),
+            ports: Vec::new(),
+            dir,
+        };
+        while cluster.ports.len() < 3 {
+            // The node's bus listens on its port + 10000: both must be free.
+            let port = free_port();
+            if port > 55_000 || std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_err() {
+                continue;
+            }
+            let node_dir = cluster.dir.join(port.to_string());
+            std::fs::create_dir_all(&node_dir).unwrap();
+            let spawned = std::process::Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args([
+                    "--cluster-enabled",
+                    "yes",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ])
+                .arg("--dir")
+                .arg(&node_dir)
+                .stdout(std::process::Stdio::null())
+                .spawn();
+            match spawned {
+                Ok(server) => cluster.servers.push(server),
+                Err(err) => {
+                    let message = format!("redis-server cannot be started ({err})");
+                    assert!(!idem_testkit::probe::in_ci(), "CI=true and {message}");
+                    eprintln!("\n!!!!! SKIPPED: {message} !!!!!\n");
+                    return None;
+                }
+            }
+            cluster.ports.push(port);
+        }
+        for port in &cluster.ports {
+            while std::net::TcpStream::connect(("127.0.0.1", *port)).is_err() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        let created = std::process::Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(cluster.ports.iter().map(|port| format!("127.0.0.1:{port}")))
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(created.status.success(), "{created:?}");
+        for _ in 0..300 {
+            let ready = cluster.ports.iter().all(|port| {
+                std::process::Command::new("redis-cli")
+                    .args(["-p", &port.to_string(), "CLUSTER", "INFO"])
+                    .output()
+                    .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("state:ok"))
+            });
+            if ready {
+                return Some(cluster);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the test Cluster never reached cluster_state:ok");
+    }
+
+    /// The fixture's `--store` for this Cluster: every node a seed.
+    fn url(&self) -> String {
+        let nodes: Vec<String> = self
+            .ports
+            .iter()
+            .map(|port| format!("127.0.0.1:{port}"))
+            .collect();
+        format!("redis+cluster://{}", nodes.join(","))
+    }
+}
+
+#[cfg(feature = "redis")]
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for server in &mut self.servers {
+            let _ = server.kill();
+            let _ = server.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `--store redis+cluster://...` puts the fixture's records on a Redis Cluster (the form the
+/// gateway takes too; the fixture used to refuse it as an unknown store): the storms run each
+/// key once, a replay is faithful, and keys with `{` and `}` in them (a Cluster's hash tag
+/// braces) are keys like any other.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_cluster_store_runs_each_key_once() {
+    if support::redis_url().is_none() {
+        return;
+    }
+    let Some(cluster) = RedisCluster::start().await else {
+        return;
+    };
+    let url = cluster.url();
+    storm(&url, 1, 200).await;
+    storm(&url, 20, 10).await;
+    replay_is_faithful(&url).await;
+    in_flight_is_409_with_retry_after(&url).await;
+    let fixture = Fixture::start(&url, &[]);
+    let keys = ["{a}", "{a}x", "x{a}", "{}", "}{", "{{a}}", "a{b}c{d}"];
+    for key in keys {
+        let key = format!("{key}{}", unique("braces"));
+        let first = fixture.post("/echo", &key, key.clone()).await;
+        assert_eq!(first.status, StatusCode::CREATED, "{key}: {first:?}");
+        let replay = fixture.post("/echo", &key, key.clone()).await;
+        assert!(replay.is_replay(), "{key}: {replay:?}");
+        assert_eq!(replay.body, key.as_bytes(), "{key}");
+    }
+    assert_eq!(fixture.counter().await, keys.len() as u64);
+}

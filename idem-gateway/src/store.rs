@@ -319,7 +319,7 @@ pub async fn maintain(config: &StoreConfig, migrate: bool) -> Result<String, Fai
 
 #[cfg(feature = "redis")]
 mod redis {
-    use idem_store_redis::{ConfigError as RedisError, RedisConfig};
+    use idem_store_redis::RedisConfig;
 
     use super::SettingError;
     use crate::commands::Failure;
@@ -331,28 +331,10 @@ mod redis {
 
     /// The store's settings, or which of them the client refuses (made without connecting).
     pub(super) fn config(url: &str, namespace: &str) -> Result<RedisConfig, SettingError> {
-        nodes(url)
+        RedisConfig::from_url(url)
             .map_err(|err| SettingError::Url(err.to_string()))?
             .with_namespace(namespace)
             .map_err(|err| SettingError::Namespace(err.to_string()))
-    }
-
-    /// The server or the Cluster's seeds the URL names.
-    fn nodes(url: &str) -> Result<RedisConfig, RedisError> {
-        match url.split_once("+cluster://") {
-            Some((scheme, nodes)) => {
-                let (authority, rest) = nodes.split_at(nodes.find('/').unwrap_or(nodes.len()));
-                let (userinfo, hosts) = match authority.rsplit_once('@') {
-                    Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
-                    None => (String::new(), authority),
-                };
-                let seeds = hosts
-                    .split(',')
-                    .map(|host| format!("{scheme}://{userinfo}{host}{rest}"));
-                RedisConfig::cluster(seeds)
-            }
-            None => RedisConfig::new(url),
-        }
     }
 }
 

@@ -27,6 +27,8 @@ pub struct OpenError {
 ///
 /// - `memory`: a new [`idem_store_memory::MemoryStore`] (feature `memory`);
 /// - `redis://...` or `rediss://...`: the Redis store, keys under `namespace` (feature `redis`);
+///   `redis+cluster://HOST:PORT,HOST:PORT` (or `rediss+cluster://`) on a Redis Cluster, any
+///   nodes of it as seeds;
 /// - `postgres://...` or `postgresql://...`: the PostgreSQL store in the schema `namespace`,
 ///   migrated on connect (feature `postgres`);
 /// - `redb:PATH`: the embedded durable store in the file `PATH` (feature `redb`).
@@ -133,10 +135,18 @@ impl From<String> for Failed {
     }
 }
 
+/// The URL schemes of the Redis store: a single server, or a Cluster's seeds.
+const REDIS_SCHEMES: [&str; 4] = [
+    "redis://",
+    "rediss://",
+    "redis+cluster://",
+    "rediss+cluster://",
+];
+
 async fn try_open(spec: &str, namespace: &str) -> Result<Opened, Failed> {
     if spec == "memory" {
         memory()
-    } else if spec.starts_with("redis://") || spec.starts_with("rediss://") {
+    } else if REDIS_SCHEMES.iter().any(|scheme| spec.starts_with(scheme)) {
         redis(spec, namespace).await
     } else if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
         postgres(spec, namespace).await
@@ -144,7 +154,7 @@ async fn try_open(spec: &str, namespace: &str) -> Result<Opened, Failed> {
         redb(path)
     } else {
         Err(
-            "unknown store: memory, redis://HOST:PORT, postgres://USER@HOST/DB or redb:PATH"
+            "unknown store: memory, redis://HOST:PORT, redis+cluster://HOST:PORT,HOST:PORT, postgres://USER@HOST/DB or redb:PATH"
                 .to_owned()
                 .into(),
         )
@@ -177,7 +187,7 @@ fn memory() -> Result<Opened, Failed> {
 #[cfg(feature = "redis")]
 async fn redis(url: &str, namespace: &str) -> Result<Opened, Failed> {
     use idem_store_redis::{RedisConfig, RedisStore};
-    let config = RedisConfig::new(url)
+    let config = RedisConfig::from_url(url)
         .and_then(|config| config.with_namespace(namespace))
         .map_err(|e| e.to_string())?;
     let store = RedisStore::connect(config)
