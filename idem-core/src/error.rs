@@ -92,6 +92,13 @@ pub enum StoreError {
         /// The limit.
         limit: usize,
     },
+    /// A scan was given a cursor this store did not hand out (garbled, or another store's): the
+    /// caller's mistake, so an API in front of a scan answers it as bad input.
+    #[error("not a scan cursor of this store: {cursor:?}")]
+    InvalidCursor {
+        /// The cursor as given.
+        cursor: String,
+    },
     /// Any other error of the backend.
     #[error("store backend error: {source}")]
     Backend {
@@ -112,9 +119,10 @@ impl StoreError {
             | StoreError::Timeout { .. }
             | StoreError::Capacity { .. } => true,
             StoreError::Backend { retryable, .. } => *retryable,
-            StoreError::Corrupt { .. } | StoreError::Rejected(_) | StoreError::TooLarge { .. } => {
-                false
-            }
+            StoreError::Corrupt { .. }
+            | StoreError::Rejected(_)
+            | StoreError::TooLarge { .. }
+            | StoreError::InvalidCursor { .. } => false,
         }
     }
 
@@ -129,13 +137,14 @@ impl StoreError {
 
     /// Every [`StoreError::kind`], in the order of the variants: the `kind` labels a metric of
     /// store errors can carry.
-    pub const KINDS: [&'static str; 7] = [
+    pub const KINDS: [&'static str; 8] = [
         "unavailable",
         "timeout",
         "corrupt",
         "rejected",
         "capacity",
         "too_large",
+        "invalid_cursor",
         "backend",
     ];
 
@@ -149,6 +158,7 @@ impl StoreError {
             StoreError::Rejected(_) => "rejected",
             StoreError::Capacity { .. } => "capacity",
             StoreError::TooLarge { .. } => "too_large",
+            StoreError::InvalidCursor { .. } => "invalid_cursor",
             StoreError::Backend { .. } => "backend",
         }
     }
@@ -159,6 +169,14 @@ impl StoreError {
         StoreError::Corrupt {
             key: key.to_string(),
             reason: reason.into(),
+        }
+    }
+
+    /// A [`StoreError::InvalidCursor`] for `cursor`.
+    #[must_use]
+    pub fn invalid_cursor(cursor: &str) -> Self {
+        StoreError::InvalidCursor {
+            cursor: cursor.to_owned(),
         }
     }
 
@@ -232,6 +250,7 @@ mod tests {
             StoreError::Rejected(Rejection::NotFound),
             StoreError::Capacity { limit: 1 },
             StoreError::TooLarge { size: 2, limit: 1 },
+            StoreError::invalid_cursor("x"),
             StoreError::Backend {
                 source: "refused".into(),
                 retryable: false,

@@ -425,8 +425,8 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// apply to it), and counts against the page's limit.
     ///
     /// # Errors
-    /// The store's failures (unreachable, timed out, an invalid cursor); never
-    /// [`StoreError::Corrupt`] for a record.
+    /// The store's failures (unreachable, timed out); [`StoreError::InvalidCursor`] for a
+    /// cursor this store did not hand out; never [`StoreError::Corrupt`] for a record.
     async fn scan(&self, query: &ScanQuery) -> Result<ScanPage, StoreError>;
 
     /// Checks that the store answers (for a readiness probe). The default reads one key that

@@ -444,6 +444,16 @@ impl Store for MemoryStore {
     }
 
     async fn scan(&self, query: &ScanQuery) -> Result<ScanPage, StoreError> {
+        // A cursor is the digest (64 lower-case hex digits) of the last key of a page.
+        if let Some(cursor) = &query.cursor {
+            let digest = cursor.len() == 64
+                && cursor
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+            if !digest {
+                return Err(StoreError::invalid_cursor(cursor));
+            }
+        }
         let now = self.inner.clock.now();
         let mut found: Vec<(String, ScanEntry)> = Vec::new();
         for shard in self.inner.shards.iter() {

@@ -628,8 +628,9 @@ impl Store for PostgresStore {
 
     async fn scan(&self, query: &ScanQuery) -> Result<ScanPage, StoreError> {
         let (created, scope, name) = match &query.cursor {
-            Some(cursor) => decode_cursor(cursor)
-                .ok_or_else(|| protocol(format!("invalid scan cursor {cursor:?}")))?,
+            Some(cursor) => {
+                decode_cursor(cursor).ok_or_else(|| StoreError::invalid_cursor(cursor))?
+            }
             None => (0, String::new(), String::new()),
         };
         let limit = query.page_size();

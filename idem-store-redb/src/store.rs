@@ -799,10 +799,9 @@ impl Store for RedbStore {
         self.read(move |txn, now| {
             let records = txn.open_table(RECORDS).map_err(storage)?;
             let after = match &query.cursor {
-                Some(cursor) => Some(decode_cursor(cursor).ok_or_else(|| StoreError::Backend {
-                    source: format!("invalid scan cursor {cursor:?}").into(),
-                    retryable: false,
-                })?),
+                Some(cursor) => {
+                    Some(decode_cursor(cursor).ok_or_else(|| StoreError::invalid_cursor(cursor))?)
+                }
                 None => None,
             };
             let range = match &after {

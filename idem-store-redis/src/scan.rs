@@ -77,12 +77,9 @@ impl Cursor {
 pub(crate) async fn scan(store: &RedisStore, query: &ScanQuery) -> Result<ScanPage, StoreError> {
     let namespace = &store.inner.config.namespace;
     let start = match &query.cursor {
-        Some(text) => Some(
-            Cursor::decode(text, namespace).ok_or_else(|| StoreError::Backend {
-                source: format!("not a scan cursor of this store: {text:?}").into(),
-                retryable: false,
-            })?,
-        ),
+        Some(text) => {
+            Some(Cursor::decode(text, namespace).ok_or_else(|| StoreError::invalid_cursor(text))?)
+        }
         None => None,
     };
     let mut conn = store.inner.conn.clone();

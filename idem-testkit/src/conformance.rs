@@ -774,6 +774,30 @@ async fn completed_records(store: &dyn Store, prefix: &str, count: usize) -> Has
     completed
 }
 
+/// A scan refuses a cursor the store did not hand out with [`StoreError::InvalidCursor`] (not
+/// retryable): a garbled one, or one of another kind of store, is the caller's mistake, neither
+/// an outage nor a silently empty page.
+pub async fn scan_refuses_a_cursor_it_did_not_give(h: &impl Harness) {
+    let store = h.store();
+    completed_records(&*store, "scan-cursor", 3).await;
+    for cursor in ["garbage", "zz:1:2", "%%%"] {
+        let query = ScanQuery {
+            cursor: Some(cursor.to_owned()),
+            ..ScanQuery::all()
+        };
+        match store.scan(&query).await {
+            Err(error @ StoreError::InvalidCursor { .. }) => {
+                assert!(!error.is_retryable(), "{error}");
+                assert_eq!(error.kind(), "invalid_cursor");
+            }
+            other => panic!("cursor {cursor:?}: expected InvalidCursor, got {other:?}"),
+        }
+    }
+    // The cursors it hands out still page through everything.
+    let all = scan_all(&*store, &ScanQuery::all().with_limit(1)).await;
+    assert_eq!(all.len(), 3);
+}
+
 /// Scans filter by state and by age, and page through everything with cursors.
 pub async fn scan_filters_by_state_and_age(h: &impl Harness) {
     let store = h.store();

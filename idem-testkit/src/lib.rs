@@ -73,6 +73,7 @@ macro_rules! store_conformance {
             heartbeat_extends_the_lease,
             retention_expiry_frees_the_key,
             scan_filters_by_state_and_age,
+            scan_refuses_a_cursor_it_did_not_give,
             scopes_are_isolated,
             corrupt_record_is_reported_not_panicked,
             scan_reports_a_corrupt_record_beside_the_readable_ones,

@@ -11,12 +11,13 @@
 //! [`crate::records::unreadable_json`] renders them (`"state": "unreadable"`, the key where
 //! the store could read it, the key as stored, the reason): the page is still 200, and `limit`
 //! counts them too. A bad
-//! argument is 400 and a store error 503, each `{"error": "..."}`; an error names the query
-//! parameter (`state: ...`), or `key` for the path's key.
+//! argument (a `cursor` the store never gave among them) is 400 and a store error 503, each
+//! `{"error": "..."}`; an error names the query parameter (`state: ...`), or `key` for the
+//! path's key.
 
 use http::header::{self, HeaderValue};
 use http::{Method, Response, StatusCode};
-use idem_core::{RecordKey, Store};
+use idem_core::{RecordKey, Store, StoreError};
 use serde_json::{Value, json};
 
 use super::form;
@@ -136,6 +137,10 @@ async fn list(store: &dyn Store, params: &[(String, String)]) -> Response<Gatewa
                     "next_cursor": page.next_cursor,
                 }),
             )
+        }
+        // A cursor this store never gave is the caller's mistake, not an outage.
+        Err(err @ StoreError::InvalidCursor { .. }) => {
+            error(StatusCode::BAD_REQUEST, format!("cursor: {err}"))
         }
         Err(err) => error(StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}")),
     }
