@@ -140,10 +140,10 @@ pub enum StoreFailure {
 pub type ScopeFn = dyn Fn(&request::Parts) -> Option<Scope> + Send + Sync;
 
 /// Where the scope of a request comes from.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 enum ScopeSource {
-    #[default]
-    Authorization,
+    /// A hash of a credential header's value (`Authorization` by default).
+    Secret(HeaderName),
     Header(HeaderName),
     Custom(Arc<ScopeFn>),
     None,
@@ -152,7 +152,7 @@ enum ScopeSource {
 impl fmt::Debug for ScopeSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ScopeSource::Authorization => f.write_str("Authorization"),
+            ScopeSource::Secret(name) => write!(f, "Secret({name})"),
             ScopeSource::Header(name) => write!(f, "Header({name})"),
             ScopeSource::Custom(_) => f.write_str("Custom(..)"),
             ScopeSource::None => f.write_str("None"),
@@ -215,7 +215,7 @@ impl Default for Config {
             header_name: HeaderName::from_static("idempotency-key"),
             methods: vec![Method::POST, Method::PATCH],
             key_policy: KeyPolicy::Optional,
-            scope: ScopeSource::Authorization,
+            scope: ScopeSource::Secret(header::AUTHORIZATION),
             lease: Duration::from_secs(30),
             heartbeat: DEFAULT_HEARTBEAT,
             retention: Duration::from_secs(24 * 60 * 60),
@@ -334,7 +334,7 @@ impl Config {
     /// The scope of a request.
     pub(crate) fn scope_of(&self, parts: &request::Parts) -> Result<Scope, InvalidScope> {
         match &self.scope {
-            ScopeSource::Authorization => Ok(single(&parts.headers, &header::AUTHORIZATION)?
+            ScopeSource::Secret(name) => Ok(single(&parts.headers, name)?
                 .map_or_else(Scope::none, |value| Scope::from_secret(value.as_bytes()))),
             ScopeSource::Header(name) => match single(&parts.headers, name)? {
                 None => Ok(Scope::none()),
@@ -347,6 +347,16 @@ impl Config {
             ScopeSource::None => Ok(Scope::none()),
         }
     }
+}
+
+/// Whether a header carries a credential, whose value must never be stored as a scope.
+fn is_credential(name: &HeaderName) -> bool {
+    [
+        header::AUTHORIZATION,
+        header::PROXY_AUTHORIZATION,
+        header::COOKIE,
+    ]
+    .contains(name)
 }
 
 /// The one value of the scope header `name`, if it is there. Sent on two field lines it names
@@ -410,17 +420,26 @@ impl ConfigBuilder {
     /// Scope records by a hash of the `Authorization` header (the default): one credential can
     /// never see another's responses. A request without the header has no scope.
     pub fn scope_by_authorization(mut self) -> Self {
-        self.config.scope = ScopeSource::Authorization;
+        self.config.scope = ScopeSource::Secret(header::AUTHORIZATION);
         self
     }
 
     /// Scope records by a tenant header's value (0 to 255 bytes of printable ASCII, else 400).
-    /// A request without the header has no scope.
+    /// A request without the header has no scope. A credential header (`Authorization`,
+    /// `Proxy-Authorization`, `Cookie`) is hashed as [`scope_by_authorization`] does, so no
+    /// credential is ever written to the store.
+    ///
+    /// [`scope_by_authorization`]: ConfigBuilder::scope_by_authorization
     ///
     /// # Errors
     /// [`ConfigError::InvalidHeaderName`].
     pub fn scope_by_header(mut self, name: &str) -> Result<Self, ConfigError> {
-        self.config.scope = ScopeSource::Header(header_name(name)?);
+        let name = header_name(name)?;
+        self.config.scope = if is_credential(&name) {
+            ScopeSource::Secret(name)
+        } else {
+            ScopeSource::Header(name)
+        };
         Ok(self)
     }
 

@@ -457,6 +457,33 @@ async fn a_tenant_header_scopes_records() {
     assert_eq!(app.count(), 2);
 }
 
+/// A credential header named as the scope header is hashed, as the default scope is: no
+/// credential is written to the store, and two credentials still see their own records.
+#[tokio::test]
+async fn a_credential_scope_header_is_hashed() {
+    for name in ["Authorization", "proxy-authorization", "cookie"] {
+        let store = MemoryStore::new();
+        let config = Config::builder().scope_by_header(name).unwrap();
+        let app = App::counting(store.clone(), config).await;
+        let as_holder = |secret: &'static str| {
+            let app = &app;
+            async move {
+                let headers = [("idempotency-key", "k"), (name, secret)];
+                app.send(Method::POST, "/run", &headers, "").await
+            }
+        };
+        assert_eq!(as_holder("Bearer s3cret-a").await.body, "ran 1");
+        assert_eq!(as_holder("Bearer s3cret-b").await.body, "ran 2");
+        assert_eq!(as_holder("Bearer s3cret-a").await.body, "ran 1");
+        let page = store.scan(&idem_core::ScanQuery::all()).await.unwrap();
+        assert_eq!(page.records.len(), 2, "{name}");
+        for record in &page.records {
+            let scope = record.key.scope.as_str();
+            assert!(!scope.contains("s3cret"), "{name}: scope {scope:?}");
+        }
+    }
+}
+
 /// A scope header sent twice names no single principal (an application may read either
 /// line): 400, and nothing runs.
 #[tokio::test]
