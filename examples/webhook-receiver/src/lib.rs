@@ -23,6 +23,15 @@
 //! meanwhile is answered 409 too. A permanent failure is recorded and answered to every
 //! duplicate.
 //!
+//! **The crash window.** An accepted event waits in this process's memory until a worker has
+//! run it. If the process dies in between, the event is gone: its claim lapses after the lease
+//! (so nothing stays blocked), but the sender has its 202 and does not resend. This receiver
+//! suits senders that let you replay events (most webhook providers do, from their dashboard or
+//! API). Where an event must survive a crash, publish it to a durable queue (a JetStream stream,
+//! a RabbitMQ quorum queue) before answering 202 and process it with a consumer on the same
+//! guard (`examples/worker-nats`, `examples/worker-rabbitmq`); or answer 200 only after the job
+//! has run (`JobGuard::run`), and let the sender's own retries cover a crash.
+//!
 //! ```no_run
 //! use std::sync::Arc;
 //! use idem_store_memory::MemoryStore;
