@@ -32,6 +32,12 @@ pub mod metric {
     /// Upstream failures by kind (`unreachable`, `connect_timeout`, `timeout`, `failed`: a
     /// malformed response or a response body broken off, `shutting_down`), counter.
     pub const UPSTREAM_ERRORS: &str = "idem_gateway_upstream_errors_total";
+    /// Requests the gateway refused before any route, by reason (`host`: a missing, repeated
+    /// or malformed `Host`; `above_root`: a path that climbs above `/`; `no_path`: a request
+    /// target without a path), counter.
+    pub const REFUSED: &str = "idem_gateway_refused_total";
+    /// The reasons of [`REFUSED`], each registered at zero.
+    pub const REFUSED_REASONS: [&str; 3] = ["host", "above_root", "no_path"];
 }
 
 /// The idem-http settings of a route.
@@ -116,6 +122,8 @@ struct RouteEntry {
 pub struct Gateway {
     routes: Arc<[RouteEntry]>,
     upstream_errors: Arc<[(&'static str, Counter)]>,
+    /// Requests refused before any route, by reason ([`metric::REFUSED_REASONS`], in order).
+    refused: Arc<[Counter; 3]>,
 }
 
 const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
@@ -173,9 +181,12 @@ impl Gateway {
                 )
             })
             .collect();
+        let refused = metric::REFUSED_REASONS
+            .map(|reason| metrics::counter!(metric::REFUSED, "reason" => reason));
         Ok(Gateway {
             routes: routes.into(),
             upstream_errors,
+            refused: Arc::new(refused),
         })
     }
 
@@ -188,6 +199,7 @@ impl Gateway {
         let start = Instant::now();
         let (mut parts, body) = request.into_parts();
         if let Err(reason) = settle_host(&mut parts) {
+            self.refused[0].increment(1);
             tracing::debug!(method = %parts.method, path = parts.uri.path(), "refused: {reason}");
             return problem_of_type(
                 StatusCode::BAD_REQUEST,
@@ -203,12 +215,13 @@ impl Gateway {
         let route = match NormalPath::new(request.uri().path()) {
             Ok(path) => self.routes.iter().find(|r| r.path.matches(&path)),
             Err(err) => {
-                let (status, variant) = match err {
-                    PathError::AboveRoot => (StatusCode::BAD_REQUEST, "AboveRoot"),
+                let (status, variant, counted) = match err {
+                    PathError::AboveRoot => (StatusCode::BAD_REQUEST, "AboveRoot", 1),
                     // A request target without a path (`*`, or a CONNECT's authority): no
                     // route covers it.
-                    PathError::NotAbsolute => (StatusCode::NOT_FOUND, "NotAbsolute"),
+                    PathError::NotAbsolute => (StatusCode::NOT_FOUND, "NotAbsolute", 2),
                 };
+                self.refused[counted].increment(1);
                 tracing::debug!(method = %request.method(), path = request.uri().path(), "refused: {err}");
                 return problem_of_type(
                     status,

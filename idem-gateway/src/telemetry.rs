@@ -111,6 +111,10 @@ pub fn register_metrics(store: &'static str) {
         gateway::UPSTREAM_ERRORS,
         "Upstream exchanges that gave no response, by kind"
     );
+    describe_counter!(
+        gateway::REFUSED,
+        "Requests the gateway refused before any route (no route's counters see them), by reason"
+    );
     if store == crate::config::StoreSpec::Memory.kind() {
         describe_counter!(
             idem_store_memory::EVICTIONS,

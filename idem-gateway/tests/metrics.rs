@@ -15,7 +15,7 @@ use http::Method;
 /// layer's (claims acquired, duplicates, collisions, mismatches, failures by kind, takeovers,
 /// lease losses, store latency and errors by store and op, requests by outcome), the
 /// gateway's own, and the memory store's evictions by bound.
-const AT_ZERO: [&str; 16] = [
+const AT_ZERO: [&str; 17] = [
     "idem_claims_acquired_total",
     "idem_duplicates_replayed_total",
     "idem_in_flight_collisions_total",
@@ -30,6 +30,7 @@ const AT_ZERO: [&str; 16] = [
     "idem_http_requests_total{outcome=\"store_error\"}",
     "idem_gateway_requests_total{route=\"default\",status=\"2xx\"}",
     "idem_gateway_upstream_errors_total{kind=\"timeout\"}",
+    "idem_gateway_refused_total{reason=\"host\"}",
     // Before, the memory store's evictions had no `# HELP` and appeared only at the first
     // eviction, which `increase()` in the shipped alert `IdemMemoryStoreEvicting` then missed.
     "idem_memory_store_evictions_total{bound=\"capacity\"}",
@@ -155,4 +156,37 @@ async fn a_request_whose_upstream_fails_is_counted_by_its_outcome() {
         let (value, text) = metric_value(&http, &admin, series).await;
         assert_eq!(value, Some(expected), "{series} in:\n{text}");
     }
+}
+
+/// Requests the gateway refuses before any route (a repeated `Host`, a path above the root)
+/// are counted by reason. Before, no series counted them: the route counters never see them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_refused_before_any_route_are_counted_by_reason() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fixture = Fixture::start();
+    let (_gateway, addr, admin) = metered_gateway(fixture.addr);
+    let raw = |head: &'static str| async move {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.unwrap();
+        String::from_utf8_lossy(&answer).into_owned()
+    };
+    let two_hosts = "POST /echo HTTP/1.1\r\nHost: a\r\nHost: b\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    let above =
+        "POST /a/../../echo HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    for head in [two_hosts, two_hosts, above] {
+        let answer = raw(head).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    }
+    let http = Http::new();
+    for (series, expected) in [
+        ("idem_gateway_refused_total{reason=\"host\"}", 2.0),
+        ("idem_gateway_refused_total{reason=\"above_root\"}", 1.0),
+        ("idem_gateway_refused_total{reason=\"no_path\"}", 0.0),
+    ] {
+        let (value, text) = metric_value(&http, &admin, series).await;
+        assert_eq!(value, Some(expected), "{series} in:\n{text}");
+    }
+    assert_eq!(fixture.count().await, 0);
 }
