@@ -230,11 +230,14 @@ async fn serve_gateway(
     };
     let workers = workers(config, &store, own_stores, &tracker, listeners)?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    // The admin listener outlives the drain (it answers `/readyz` 503 meanwhile): it stops on
+    // a channel of its own, once the serving threads are done.
+    let (admin_stop, admin_stopped) = tokio::sync::watch::channel(false);
     let (admin, draining) = match admin_listener {
         Some((settings, admin_listener, addr)) => {
             let admin = Admin::new(store.clone(), settings.token.clone(), metrics);
             let draining = admin.clone();
-            let mut admin_stopped = stopped.clone();
+            let mut admin_stopped = admin_stopped;
             tokio::spawn(admin.serve(admin_listener, async move {
                 let _ = admin_stopped.wait_for(|stop| *stop).await;
             }));
@@ -244,6 +247,7 @@ async fn serve_gateway(
     };
     let server = config.server.clone();
     let mut stopped_by_call = stopped;
+    // Held by the task, so that dropping the [`Running`] handle does not stop the gateway.
     let stop_for_task = stop.clone();
     let task = tokio::spawn(async move {
         let stop_signal = async move {
@@ -257,8 +261,8 @@ async fn serve_gateway(
             }
         };
         let drained = serve_workers(workers, &server, tracker, stop_signal).await;
-        // Stops the admin listener too.
-        stop_for_task.send_replace(true);
+        admin_stop.send_replace(true);
+        drop(stop_for_task);
         drained
     });
     Ok(Running {
