@@ -31,61 +31,9 @@ where
     body.map_err(Into::into).boxed_unsync()
 }
 
-/// A request body on its way upstream: the client's own body, streamed as it arrives, or the
-/// bytes the idempotency layer read (it reads a covered request's body before anything runs).
-#[derive(Debug)]
-pub struct RequestBody(Kind);
-
-#[derive(Debug)]
-enum Kind {
-    Streamed(Incoming),
-    Buffered(Full<Bytes>),
-}
-
-impl RequestBody {
-    /// The client's body, streamed.
-    #[must_use]
-    pub fn streamed(body: Incoming) -> Self {
-        RequestBody(Kind::Streamed(body))
-    }
-}
-
-impl From<Bytes> for RequestBody {
-    fn from(bytes: Bytes) -> Self {
-        RequestBody(Kind::Buffered(Full::new(bytes)))
-    }
-}
-
-impl Body for RequestBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match &mut self.get_mut().0 {
-            Kind::Streamed(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
-            Kind::Buffered(body) => Pin::new(body)
-                .poll_frame(cx)
-                .map_err(|never| match never {}),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match &self.0 {
-            Kind::Streamed(body) => body.is_end_stream(),
-            Kind::Buffered(body) => body.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match &self.0 {
-            Kind::Streamed(body) => body.size_hint(),
-            Kind::Buffered(body) => body.size_hint(),
-        }
-    }
-}
+/// A client's request body: streamed, or the bytes the idempotency layer read to fingerprint
+/// it (idem-http's [`idem_http::RequestBody`] over hyper's `Incoming`).
+pub type RequestBody = idem_http::RequestBody<Incoming>;
 
 /// A body that holds a guard until it ends or is dropped (the in-flight count of graceful
 /// shutdown covers the upstream's whole response).

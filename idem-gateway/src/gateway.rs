@@ -208,7 +208,7 @@ impl Gateway {
             );
         }
         parts.extensions.insert(ClientAddr(client));
-        let request = Request::from_parts(parts, RequestBody::streamed(body));
+        let request = Request::from_parts(parts, RequestBody::new(body));
         // The route is chosen by the normal form of the path, so that no other spelling of a
         // path (`//payments`, `/x/../payments`, `/%70ayments`) escapes the route that covers
         // it; the request itself goes on as it came.

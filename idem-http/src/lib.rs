@@ -74,9 +74,9 @@
 //!
 //! The request body type must be buildable from [`bytes::Bytes`] (axum's `Body`,
 //! `http_body_util::Full<Bytes>`), since the layer reads the body before the handler runs.
-//! In plain hyper 1, whose `Incoming` is not, map the request body on the way in into a small
-//! enum of `Incoming` and `Full<Bytes>` (the crate's `tests/hyper.rs` shows one, served by
-//! hyper-util's `TowerToHyperService`).
+//! In plain hyper 1, whose `Incoming` is not, wrap the request body on the way in into a
+//! [`RequestBody`] (`request.map(RequestBody::new)`; the crate's `tests/hyper.rs` serves a
+//! `service_fn` that way through hyper-util's `TowerToHyperService`).
 //! Metrics names are listed in [`metrics`].
 
 mod body;
@@ -91,6 +91,7 @@ mod layer;
 pub mod metrics;
 mod outcome;
 pub mod rejection;
+mod request_body;
 mod service;
 
 pub use body::ResponseBody;
@@ -102,6 +103,7 @@ pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;
 pub use outcome::Outcome;
 pub use rejection::{ProblemJson, Rejection, RejectionHandler};
+pub use request_body::RequestBody;
 pub use service::{Idempotency, REPLAY_HEADER, REPLAYED_HEADER, STATUS_HEADER};
 
 #[doc(no_inline)]

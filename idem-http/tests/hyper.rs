@@ -3,19 +3,17 @@
 //! with a real client.
 //!
 //! hyper's `Incoming` cannot be built from bytes, and the layer hands the handler the body it
-//! read as a `ReqBody::from(bytes)`: the request body is mapped, on the way in, into a type that
-//! can be either (`Either` below, a few lines).
+//! read as a `ReqBody::from(bytes)`: the request body is wrapped, on the way in, into the
+//! crate's `RequestBody`, which can be either.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body::{Body, Frame};
+use http_body::Body;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
@@ -23,45 +21,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
-use idem_http::{IdempotencyLayer, Outcome};
+use idem_http::{IdempotencyLayer, Outcome, RequestBody};
 use idem_store_memory::MemoryStore;
 use tower::ServiceBuilder;
-
-/// The request body as hyper gives it, or as the layer gives it back.
-enum Either {
-    Incoming(Incoming),
-    Read(Full<Bytes>),
-}
-
-impl From<Bytes> for Either {
-    fn from(bytes: Bytes) -> Self {
-        Either::Read(Full::new(bytes))
-    }
-}
-
-impl Body for Either {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        match self.get_mut() {
-            Either::Incoming(body) => Pin::new(body).poll_frame(cx),
-            Either::Read(body) => Pin::new(body)
-                .poll_frame(cx)
-                .map_err(|never: Infallible| match never {}),
-        }
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        match self {
-            Either::Incoming(body) => body.size_hint(),
-            Either::Read(body) => body.size_hint(),
-        }
-    }
-}
 
 /// Serves `service` on 127.0.0.1:0, over HTTP/1.1 or HTTP/2 (prior knowledge) as each client
 /// speaks: its address, and the accept loop to abort at the end.
@@ -94,18 +56,18 @@ where
 async fn the_layer_serves_a_plain_hyper_service_fn() {
     let counter = Arc::new(AtomicU64::new(0));
     let runs = counter.clone();
-    let handler = tower::service_fn(move |request: Request<Either>| {
+    let handler = tower::service_fn(move |request: Request<RequestBody<Incoming>>| {
         let runs = runs.clone();
         async move {
             let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
             let body = request.into_body().collect().await?.to_bytes();
             let mut response = Response::new(Full::new(Bytes::from(format!("{n}:{body:?}"))));
             *response.status_mut() = StatusCode::CREATED;
-            Ok::<_, hyper::Error>(response)
+            Ok::<_, idem_core::BoxError>(response)
         }
     });
     let service = ServiceBuilder::new()
-        .map_request(|request: Request<Incoming>| request.map(Either::Incoming))
+        .map_request(|request: Request<Incoming>| request.map(RequestBody::new))
         .map_response(|response: Response<_>| {
             let outcome = response.extensions().get::<Outcome>().copied();
             let mut response = response;
@@ -175,7 +137,7 @@ async fn post_reading_trailers(
 async fn a_replay_over_http2_carries_the_trailers() {
     let counter = Arc::new(AtomicU64::new(0));
     let runs = counter.clone();
-    let handler = tower::service_fn(move |_: Request<Either>| {
+    let handler = tower::service_fn(move |_: Request<RequestBody<Incoming>>| {
         let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
         async move {
             let mut trailers = http::HeaderMap::new();
@@ -187,7 +149,7 @@ async fn a_replay_over_http2_carries_the_trailers() {
         }
     });
     let service = ServiceBuilder::new()
-        .map_request(|request: Request<Incoming>| request.map(Either::Incoming))
+        .map_request(|request: Request<Incoming>| request.map(RequestBody::new))
         .layer(IdempotencyLayer::new(MemoryStore::new()))
         .service(handler);
 
@@ -226,7 +188,7 @@ async fn a_replay_over_http2_carries_the_trailers() {
 async fn a_replay_over_http1_carries_the_trailers() {
     let counter = Arc::new(AtomicU64::new(0));
     let runs = counter.clone();
-    let handler = tower::service_fn(move |_: Request<Either>| {
+    let handler = tower::service_fn(move |_: Request<RequestBody<Incoming>>| {
         let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
         async move {
             let mut trailers = http::HeaderMap::new();
@@ -244,7 +206,7 @@ async fn a_replay_over_http1_carries_the_trailers() {
         }
     });
     let service = ServiceBuilder::new()
-        .map_request(|request: Request<Incoming>| request.map(Either::Incoming))
+        .map_request(|request: Request<Incoming>| request.map(RequestBody::new))
         .layer(IdempotencyLayer::new(MemoryStore::new()))
         .service(handler);
 
