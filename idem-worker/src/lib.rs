@@ -89,18 +89,24 @@
 //! [`JobGuardBuilder::redact_keys`]), `job_type`, `worker_id`, `attempt` (the delivery),
 //! `fence`, `lease_attempt`, `state_before`, `state_after`, `outcome` and `disposition`.
 
+mod builder;
+mod claim;
 mod context;
 mod error;
 mod guard;
 pub mod metrics;
 mod outcome;
 mod retry;
+mod unwind;
 
+pub use builder::{ConfigError, JobGuardBuilder};
+pub use claim::Claim;
 pub use context::JobContext;
 pub use error::{ErrorClass, JobError, ResultExt};
-pub use guard::{Admission, Claim, ConfigError, JobGuard, JobGuardBuilder, catch_unwind};
+pub use guard::{Admission, JobGuard};
 pub use outcome::{Outcome, Run, RunError};
 pub use retry::{Disposition, RetryPolicy, RetryPolicyError};
+pub use unwind::catch_unwind;
 
 #[doc(no_inline)]
 pub use idem_core::{Fingerprint, IdempotencyKey, Store};
