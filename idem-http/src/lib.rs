@@ -80,6 +80,7 @@
 //! Metrics names are listed in [`metrics`].
 
 mod body;
+mod claim;
 pub mod codec;
 pub mod config;
 mod context;
@@ -91,6 +92,7 @@ mod layer;
 pub mod metrics;
 mod outcome;
 pub mod rejection;
+mod replay;
 mod request_body;
 mod service;
 

@@ -1,28 +1,28 @@
 //! [`Idempotency`]: the middleware service, and the life of one request through it.
 
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{self, RETRY_AFTER};
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, request};
+use http::header::RETRY_AFTER;
+use http::{HeaderName, HeaderValue, Request, Response, request};
 use http_body::Body;
 use http_body_util::BodyExt;
 use idem_core::{
-    BoxError, ClaimOutcome, ClaimRequest, Lease, OwnerToken, Record, RecordKey, Store, StoreError,
+    BoxError, ClaimOutcome, ClaimRequest, Lease, OwnerToken, RecordKey, Store, StoreError,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::body::{self, CaptureError, ResponseBody, StreamFrame};
-use crate::codec::{self, StoredResponse};
+use crate::claim::Claim;
+use crate::codec::StoredResponse;
 use crate::config::{Config, KeyPolicy, StoreFailure};
 use crate::context::IdempotencyContext;
-use crate::detach::{Detached, Work};
+use crate::detach::Detached;
 use crate::fingerprint::request_fingerprint;
 use crate::future::ResponseFuture;
 use crate::header::parse_header;
@@ -30,6 +30,7 @@ use crate::layer::Shared;
 use crate::metrics::{self, Op};
 use crate::outcome::Outcome;
 use crate::rejection::{Rejection, retry_after_secs};
+use crate::replay::replay;
 
 /// Added to every replayed response.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
@@ -44,7 +45,7 @@ const CAPTURE_FACTOR: usize = 16;
 /// Frames buffered between the handler's task and a slow client.
 const STREAM_FRAMES: usize = 16;
 /// The instant `by` from now, saturated ([`idem_core::saturating_deadline`]).
-fn after(by: Duration) -> Instant {
+pub(crate) fn after(by: Duration) -> Instant {
     Instant::from_std(idem_core::saturating_deadline(
         Instant::now().into_std(),
         by,
@@ -195,7 +196,7 @@ pub(crate) fn reject<B>(shared: &Shared, rejection: Rejection) -> Response<Respo
 }
 
 /// The key as logs show it: as sent, or a digest when keys are redacted.
-fn log_key(config: &Config, key: &RecordKey) -> String {
+pub(crate) fn log_key(config: &Config, key: &RecordKey) -> String {
     if config.log_keys {
         key.to_string()
     } else {
@@ -427,76 +428,6 @@ impl<B, E> Drop for UnrecordedReply<B, E> {
     }
 }
 
-/// The stored response of `record`, replayed.
-fn replay<B>(shared: &Shared, record: &Record) -> Response<ResponseBody<B>> {
-    let decoded = match &record.result {
-        Some(bytes) => codec::decode(bytes).map_err(|error| error.to_string()),
-        None => Err("a completed record without a result".to_owned()),
-    };
-    let stored = match decoded {
-        Ok(stored) => stored,
-        Err(error) => {
-            tracing::error!(
-                idempotency_key = %log_key(&shared.config, &record.key),
-                error = %error,
-                "stored response unreadable"
-            );
-            return reject(shared, Rejection::CorruptRecord);
-        }
-    };
-    let omitted = stored.body.is_none();
-    // `Trailer` names them, as the original response did (it is never stored: it describes
-    // the message, not the resource): an HTTP/1.1 server sends only the trailers it names.
-    let announced = trailer_header(&stored.trailers);
-    // The stored trailers are the last frame, after the body (or alone, if it was omitted).
-    let trailers = (!stored.trailers.is_empty()).then(|| {
-        let mut trailers = HeaderMap::with_capacity(stored.trailers.len());
-        for (name, value) in stored.trailers {
-            trailers.append(name, value);
-        }
-        trailers
-    });
-    let mut response = Response::new(ResponseBody::collected(
-        stored.body.unwrap_or_default(),
-        trailers,
-    ));
-    *response.status_mut() = stored.status;
-    let headers = response.headers_mut();
-    for (name, value) in stored.headers {
-        headers.append(name, value);
-    }
-    if let Some(announced) = announced {
-        headers.insert(header::TRAILER, announced);
-    }
-    if omitted {
-        headers.insert(
-            HeaderName::from_static(REPLAY_HEADER),
-            HeaderValue::from_static("omitted"),
-        );
-    }
-    headers.insert(
-        HeaderName::from_static(REPLAYED_HEADER),
-        HeaderValue::from_static("true"),
-    );
-    response.extensions_mut().insert(Outcome::Replayed);
-    response
-}
-
-/// The `Trailer` header that names `trailers` (each name once, in order), or `None` without
-/// trailers.
-fn trailer_header(trailers: &[(HeaderName, HeaderValue)]) -> Option<HeaderValue> {
-    let mut names: Vec<&str> = Vec::with_capacity(trailers.len());
-    for (name, _) in trailers {
-        if !names.contains(&name.as_str()) {
-            names.push(name.as_str());
-        }
-    }
-    if names.is_empty() {
-        return None;
-    }
-    HeaderValue::from_str(&names.join(", ")).ok()
-}
-
 /// The handler's task: runs it under the claim, streams its response to the caller and settles
 /// the claim (complete, or release).
 async fn drive<S, ReqBody, ResBody>(
@@ -615,253 +546,4 @@ async fn drive<S, ReqBody, ResBody>(
     // Only now is the body complete: a task that stops before this line (a panic in the
     // handler's body) breaks the caller's body off instead of ending it.
     let _ = frames.send(StreamFrame::End).await;
-}
-
-/// A held claim: keeps its lease by heartbeat while the handler runs, and is released if
-/// dropped unsettled (the handler panicked or its task was cancelled).
-struct Claim {
-    shared: Arc<Shared>,
-    lease: Lease,
-    /// The heartbeat, polled alongside the handler ([`Claim::beating`]); it is made (and sets
-    /// its timer) only when the handler first has to wait, so a handler that answers at once
-    /// costs no timer and no allocation.
-    heartbeat: Beat,
-    settled: bool,
-}
-
-/// The state of a claim's heartbeat.
-enum Beat {
-    /// Not started: the handler has not had to wait yet.
-    Idle,
-    /// Running.
-    Running(Work),
-    /// Stopped: the lease was lost, or the claim is settled.
-    Stopped,
-}
-
-impl Claim {
-    fn new(shared: Arc<Shared>, lease: Lease) -> Self {
-        Claim {
-            shared,
-            lease,
-            heartbeat: Beat::Idle,
-            settled: false,
-        }
-    }
-
-    /// Runs `future` while the heartbeat keeps the lease.
-    async fn beating<F: Future>(&mut self, future: F) -> F::Output {
-        let mut future = std::pin::pin!(future);
-        let Claim {
-            shared,
-            lease,
-            heartbeat: beat,
-            ..
-        } = self;
-        std::future::poll_fn(|cx| {
-            if let Poll::Ready(output) = future.as_mut().poll(cx) {
-                return Poll::Ready(output);
-            }
-            if let Beat::Idle = beat {
-                *beat = Beat::Running(Box::pin(heartbeat(shared.clone(), lease.clone())));
-            }
-            if let Beat::Running(running) = beat {
-                if running.as_mut().poll(cx).is_ready() {
-                    // The lease was lost; the handler goes on, its completion will be refused.
-                    *beat = Beat::Stopped;
-                }
-            }
-            Poll::Pending
-        })
-        .await
-    }
-
-    fn settle(&mut self) {
-        self.heartbeat = Beat::Stopped;
-        self.settled = true;
-    }
-
-    /// Gives the key back so a retry runs the handler again.
-    async fn release(&mut self, kind: &'static str) {
-        self.settle();
-        metrics::failure(kind);
-        let config = &self.shared.config;
-        let released = self.shared.store.release(&self.lease);
-        let released = self.shared.store_metrics.time(Op::Release, released).await;
-        tracing::debug!(
-            idempotency_key = %log_key(config, &self.lease.key),
-            fence = self.lease.fence.get(),
-            reason = kind,
-            state_after = "absent",
-            "idempotency claim released"
-        );
-        if let Err(error) = released {
-            tracing::warn!(
-                idempotency_key = %log_key(config, &self.lease.key),
-                error = %error.redacted(!config.log_keys),
-                "releasing the claim failed: the key stays blocked until its lease ends"
-            );
-        }
-    }
-
-    /// Stores the response (without its body if it is over the cap; its status, headers and
-    /// trailers are kept). When the store fails with a retryable error (it is down, or slow),
-    /// returns the encoded response for [`Claim::retry_complete`]: a record left in flight
-    /// would let a retry after the lease run the handler again.
-    async fn complete(&mut self, mut stored: StoredResponse) -> Option<Bytes> {
-        self.settle();
-        let config = &self.shared.config;
-        let status = stored.status;
-        let mut encoded = codec::encode(&stored);
-        if encoded.len() > config.storage_cap || stored.body.is_none() {
-            stored.body = None;
-            encoded = codec::encode(&stored);
-            metrics::increment(metrics::key!(metrics::OMITTED));
-        }
-        let store = &self.shared.store;
-        let store_metrics = &self.shared.store_metrics;
-        let mut result = store_metrics
-            .time(
-                Op::Complete,
-                store.complete(&self.lease, encoded.clone(), config.retention),
-            )
-            .await;
-        if matches!(result, Err(StoreError::TooLarge { .. })) && stored.body.is_some() {
-            // The store takes less than the cap: keep status, headers and trailers at least.
-            stored.body = None;
-            metrics::increment(metrics::key!(metrics::OMITTED));
-            encoded = codec::encode(&stored);
-            result = store_metrics
-                .time(
-                    Op::Complete,
-                    store.complete(&self.lease, encoded.clone(), config.retention),
-                )
-                .await;
-        }
-        match result {
-            Ok(()) => tracing::debug!(
-                idempotency_key = %log_key(config, &self.lease.key),
-                fence = self.lease.fence.get(),
-                attempt = self.lease.attempt,
-                status = status.as_u16(),
-                state_after = "completed",
-                "idempotency record completed"
-            ),
-            Err(error) if error.is_retryable() => {
-                tracing::warn!(
-                    idempotency_key = %log_key(config, &self.lease.key),
-                    fence = self.lease.fence.get(),
-                    error = %error.redacted(!config.log_keys),
-                    "storing the response failed; retrying until the lease ends"
-                );
-                return Some(encoded);
-            }
-            Err(error) => tracing::warn!(
-                idempotency_key = %log_key(config, &self.lease.key),
-                fence = self.lease.fence.get(),
-                error = %error.redacted(!config.log_keys),
-                "storing the response failed: a retry after the lease may run the handler again"
-            ),
-        }
-        None
-    }
-
-    /// Tries again to store a response the store failed to take, backing off, until it takes
-    /// it, refuses it (the lease was lost), or one lease has passed: after that, another
-    /// attempt may hold the key, and this one's completion would be refused anyway.
-    async fn retry_complete(&mut self, encoded: Bytes) {
-        let config = &self.shared.config;
-        let deadline = after(config.lease);
-        let mut pause = Duration::from_millis(50);
-        loop {
-            let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
-            tokio::time::sleep(pause.min(deadline - now)).await;
-            pause = (pause * 2).min(Duration::from_secs(1));
-            let stored = self
-                .shared
-                .store
-                .complete(&self.lease, encoded.clone(), config.retention);
-            match self.shared.store_metrics.time(Op::Complete, stored).await {
-                Ok(()) => {
-                    tracing::info!(
-                        idempotency_key = %log_key(config, &self.lease.key),
-                        fence = self.lease.fence.get(),
-                        state_after = "completed",
-                        "the response was stored on a retry"
-                    );
-                    return;
-                }
-                Err(error) if error.is_retryable() => {}
-                Err(error) => {
-                    tracing::warn!(
-                        idempotency_key = %log_key(config, &self.lease.key),
-                        fence = self.lease.fence.get(),
-                        error = %error.redacted(!config.log_keys),
-                        "storing the response failed: a retry after the lease may run the handler again"
-                    );
-                    return;
-                }
-            }
-        }
-        tracing::warn!(
-            idempotency_key = %log_key(config, &self.lease.key),
-            fence = self.lease.fence.get(),
-            "storing the response failed for a whole lease: a retry after the lease may run the handler again"
-        );
-    }
-}
-
-impl Drop for Claim {
-    fn drop(&mut self) {
-        if self.settled {
-            return;
-        }
-        metrics::failure("panic");
-        let shared = self.shared.clone();
-        let lease = self.lease.clone();
-        tracing::warn!(
-            idempotency_key = %log_key(&shared.config, &lease.key),
-            fence = lease.fence.get(),
-            "the handler ended without an answer (panic or cancellation): releasing its claim"
-        );
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let released = shared.store.release(&lease);
-                let _ = shared.store_metrics.time(Op::Release, released).await;
-            });
-        }
-    }
-}
-
-/// Extends the lease every heartbeat interval until dropped or refused.
-async fn heartbeat(shared: Arc<Shared>, lease: Lease) {
-    let config = &shared.config;
-    let every = config.heartbeat;
-    let mut ticker = tokio::time::interval_at(after(every), every);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        let beat = shared.store.heartbeat(&lease, config.lease);
-        match shared.store_metrics.time(Op::Heartbeat, beat).await {
-            Ok(_) => {}
-            Err(StoreError::Rejected(rejection)) => {
-                metrics::increment(metrics::key!(metrics::LEASE_LOSSES));
-                tracing::warn!(
-                    idempotency_key = %log_key(config, &lease.key),
-                    fence = lease.fence.get(),
-                    %rejection,
-                    "the lease was lost while the handler runs"
-                );
-                return;
-            }
-            Err(error) => tracing::warn!(
-                idempotency_key = %log_key(config, &lease.key),
-                error = %error.redacted(!config.log_keys),
-                "heartbeat failed; retrying at the next beat"
-            ),
-        }
-    }
 }
