@@ -6,11 +6,10 @@
 
 mod common;
 
-use common::{
-    Cluster, RETENTION, RedisHarness, big_hammer, cluster_harness, key, request, test_config,
-};
+use common::{RETENTION, RedisHarness, big_hammer, cluster_harness, key, request, test_config};
 use idem_core::{Bytes, ClaimOutcome, RecordKey, ScanQuery, State, Store, StoreError};
 use idem_store_redis::{ClockOffset, RedisConfig, RedisStore};
+use idem_testkit::redis_server::Cluster;
 
 async fn harness() -> Option<RedisHarness> {
     cluster_harness().await

@@ -10,10 +10,7 @@ use std::future::Future;
 use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
 
-use common::{
-    LEASE, RETENTION, ServerProcess, command_calls, have_redis_binaries, key, namespace, request,
-    single_harness,
-};
+use common::{LEASE, RETENTION, command_calls, key, namespace, request, single_harness};
 use idem_core::machine::LeasePolicy;
 use idem_core::{
     Bytes, ClaimOutcome, Failure, IdempotencyKey, Lease, RecordKey, Rejection, ScanQuery, Scope,
@@ -21,6 +18,7 @@ use idem_core::{
 };
 use idem_store_redis::{ClockOffset, RedisConfig, RedisStore};
 use idem_testkit::Harness;
+use idem_testkit::redis_server::{ServerProcess, have_redis_binaries};
 
 /// An operation's error, to be awaited.
 type PendingError<'a> = std::pin::Pin<Box<dyn Future<Output = Option<StoreError>> + Send + 'a>>;
@@ -867,7 +865,7 @@ openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 
         .stderr(std::process::Stdio::null())
         .status();
     if !made.is_ok_and(|s| s.success()) {
-        common::skip("openssl could not make a test certificate");
+        idem_testkit::probe::skip("openssl could not make a test certificate");
         return;
     }
     let (ca, cert, key_file) = (
@@ -875,7 +873,7 @@ openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 
         dir.join("cert.pem"),
         dir.join("key.pem"),
     );
-    let tls_port = common::free_port(false).to_string();
+    let tls_port = idem_testkit::redis_server::free_port(false).to_string();
     let (cert, key_file) = (cert.display().to_string(), key_file.display().to_string());
     let _server = ServerProcess::start(&[
         "--tls-port",

@@ -1,8 +1,8 @@
 //! The test kit of idem: the store conformance suite, the concurrency hammer, the model-based
 //! property test, the service probes, a store with switchable faults ([`faulty`]) for the
-//! tests of what sits on top of a store, a metrics recorder that counts ([`recorder`]), and a capture
-//! of log lines ([`logs`]). Every store crate runs the same suite from its own
-//! `tests/`:
+//! tests of what sits on top of a store, a metrics recorder that counts ([`recorder`]), a capture
+//! of log lines ([`logs`]), and private `redis-server` processes and Redis Clusters
+//! ([`redis_server`]). Every store crate runs the same suite from its own `tests/`:
 //!
 //! ```ignore
 //! // idem-store-memory/tests/conformance.rs
@@ -23,6 +23,7 @@ pub mod logs;
 pub mod model;
 pub mod probe;
 pub mod recorder;
+pub mod redis_server;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -35,10 +35,18 @@ pub fn require_tcp(service: &str, host_port: &str) -> bool {
     if reachable {
         return true;
     }
-    let message = format!(
+    skip(&format!(
         "{service} is not reachable at {host_port}: start it (see .ci/run) or set its IDEM_TEST_* URL"
-    );
+    ));
+    false
+}
+
+/// Skips loudly: prints a SKIPPED line with `message` to stderr; under CI a missing tool or
+/// server is a failure, never a silent skip, so this panics instead.
+///
+/// # Panics
+/// Under `CI=true`.
+pub fn skip(message: &str) {
     assert!(!in_ci(), "CI=true and {message}");
     eprintln!("\n!!!!! SKIPPED: {message} !!!!!\n");
-    false
 }
