@@ -1,6 +1,8 @@
 //! End-to-end on the PostgreSQL store (feature `postgres`): the gateway records in a fresh
-//! schema, and the admin commands (`idem keys`, `idem store`) see and change those records.
-//! A missing server skips loudly, and fails under CI=true.
+//! schema, and the admin commands (`idem keys`, `idem store`) see and change those records;
+//! the section-5 basics hold; two `idem serve` processes share one schema under a storm of one key, and one killed with
+//! `kill -9` mid-request is taken over by the other. Each test has a schema of its own, dropped
+//! at the end. A missing server skips loudly, and fails under CI=true.
 
 #![cfg(feature = "postgres")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -8,10 +10,13 @@
 mod common;
 
 use std::process::Command;
+use std::sync::Arc;
 
-use common::{Fixture, Http, config};
+use common::{Fixture, Http, config, shared_store};
+use idem_core::Store;
 use idem_gateway::commands::start;
 use idem_store_postgres::tokio_postgres::{self, NoTls};
+use idem_store_postgres::{PostgresConfig, PostgresStore};
 use idem_testkit::probe::{require_tcp, service_url};
 
 fn url() -> String {
@@ -159,6 +164,54 @@ async fn keys_and_store_commands_see_what_the_gateway_recorded() {
     let (code, out) = idem(&file, &["store", "sweep"]);
     assert_eq!(code, 0, "{out}");
     running.stop().await.unwrap();
+}
+
+/// A fresh schema, dropped at the end of the test, and the `[store]` section naming it.
+fn fresh_store() -> (Schema, String) {
+    let name = format!("idem_gw_{:016x}", rand_u64());
+    let section = format!("[store]\nurl = \"{}\"\nnamespace = \"{name}\"\n", url());
+    (Schema(name), section)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_section_5_basics_hold_on_postgres() {
+    if !require_tcp("PostgreSQL", &host_port(&url())) {
+        return;
+    }
+    let (_schema, store) = fresh_store();
+    shared_store::section_5_basics(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_one_postgres_200_concurrent_same_key_requests_execute_once() {
+    if !require_tcp("PostgreSQL", &host_port(&url())) {
+        return;
+    }
+    let (schema, store) = fresh_store();
+    shared_store::two_gateways_200_concurrent_same_key_requests_execute_once(&schema.0, &store)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_killed_mid_request_on_postgres_is_taken_over_after_the_lease() {
+    if !require_tcp("PostgreSQL", &host_port(&url())) {
+        return;
+    }
+    let (schema, store) = fresh_store();
+    // Connected once both gateways run: the first has migrated the schema.
+    let connect = async {
+        let config = PostgresConfig::new(&url())
+            .unwrap()
+            .with_schema(&schema.0)
+            .unwrap()
+            .with_migrate_on_connect(false);
+        let store: Arc<dyn Store> = Arc::new(PostgresStore::connect(config).await.unwrap());
+        store
+    };
+    shared_store::a_gateway_killed_mid_request_is_taken_over_after_the_lease(
+        &schema.0, &store, connect,
+    )
+    .await;
 }
 
 fn rand_u64() -> u64 {

@@ -7,13 +7,12 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{Fixture, Gateway, Http, config, free_addr, spawn_gateway};
+use common::{Fixture, Http, free_addr, shared_store, spawn_gateway};
 use http::Method;
-use idem_core::{IdempotencyKey, RecordKey, State, Store};
-use idem_store_redis::{RedisConfig, RedisStore};
 use idem_testkit::probe::{require_tcp, service_url};
+use idem_testkit::redis_server::{ServerProcess, have_redis_binaries, host_port};
 
 fn url() -> String {
     service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379")
@@ -21,16 +20,7 @@ fn url() -> String {
 
 /// Whether Redis answers (skips loudly outside CI when it does not).
 fn redis_up() -> bool {
-    let url = url();
-    let rest = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
-    let authority = rest.split('/').next().unwrap_or(rest);
-    let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
-    let host_port = if host_port.contains(':') {
-        host_port.to_owned()
-    } else {
-        format!("{host_port}:6379")
-    };
-    require_tcp("Redis", &host_port)
+    require_tcp("Redis", &host_port(&url()))
 }
 
 /// A namespace of its own for each test.
@@ -42,15 +32,12 @@ fn namespace(test: &str) -> String {
     )
 }
 
-/// A config file naming the Redis store and `namespace`, for `idem serve --config`.
-fn config_file(namespace: &str, extra: &str) -> std::path::PathBuf {
-    let path = std::env::temp_dir().join(format!("idem-{namespace}.toml"));
-    let text = format!(
-        "[store]\nurl = \"{}\"\nnamespace = \"{namespace}\"\n\n[admin]\nenabled = false\n\n[idempotency]\nretention = \"2m\"\n{extra}",
+/// The `[store]` section of a test: the Redis server and `namespace`.
+fn store_section(namespace: &str) -> String {
+    format!(
+        "[store]\nurl = \"{}\"\nnamespace = \"{namespace}\"\n",
         url()
-    );
-    std::fs::write(&path, text).unwrap();
-    path
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -58,41 +45,7 @@ async fn the_section_5_basics_hold_on_redis() {
     if !redis_up() {
         return;
     }
-    let fixture = Fixture::start();
-    let ns = namespace("basics");
-    let store = format!("[store]\nurl = \"{}\"\nnamespace = \"{ns}\"\n", url());
-    let mut config = config(fixture.addr, &store);
-    config.routes[0].settings.retention = Duration::from_secs(120);
-    let running = idem_gateway::commands::start(&config, None, std::future::pending())
-        .await
-        .unwrap();
-    let gateway = format!("http://{}", running.listen);
-    let http = Http::new();
-    let first = http.post_key(&format!("{gateway}/echo"), "k1", "a").await;
-    assert_eq!(first.status, 201);
-    let replay = http.post_key(&format!("{gateway}/echo"), "k1", "a").await;
-    assert!(replay.replayed() && replay.body == first.body);
-    assert_eq!(
-        http.post_key(&format!("{gateway}/echo"), "k1", "b")
-            .await
-            .status,
-        422
-    );
-    assert_eq!(
-        http.post_key(&format!("{gateway}/status/500"), "k5", "")
-            .await
-            .status,
-        500
-    );
-    assert_eq!(
-        http.post_key(&format!("{gateway}/status/500"), "k5", "")
-            .await
-            .status,
-        500
-    );
-    assert_eq!(fixture.count().await, 3);
-    running.stop().await.unwrap();
-    let _ = Gateway::start; // the in-process helper is for the memory store
+    shared_store::section_5_basics(&store_section(&namespace("basics"))).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -100,52 +53,12 @@ async fn two_gateways_one_redis_200_concurrent_same_key_requests_execute_once() 
     if !redis_up() {
         return;
     }
-    let fixture = Fixture::start();
     let ns = namespace("concurrent");
-    let file = config_file(&ns, "");
-    let upstream = format!("http://{}", fixture.addr);
-    let args = [
-        "--config",
-        file.to_str().unwrap(),
-        "--upstream",
-        &upstream,
-        "--listen",
-        "127.0.0.1:0",
-    ];
-    let (_a, addr_a) = spawn_gateway(&args);
-    let (_b, addr_b) = spawn_gateway(&args);
-    let http = Http::new();
-    let mut tasks = Vec::new();
-    for i in 0..200 {
-        let http = http.clone();
-        let addr = if i % 2 == 0 { addr_a } else { addr_b };
-        tasks.push(tokio::spawn(async move {
-            http.post_key(&format!("http://{addr}/slow?ms=200"), "once", "")
-                .await
-        }));
-    }
-    let mut executed = 0;
-    let mut replayed = 0;
-    let mut conflicts = 0;
-    for task in tasks {
-        let reply = task.await.unwrap();
-        match reply.status {
-            200 if reply.replayed() => replayed += 1,
-            200 => executed += 1,
-            409 => conflicts += 1,
-            other => panic!("unexpected {other}: {}", reply.text()),
-        }
-    }
-    assert_eq!(executed, 1, "replayed {replayed}, conflicts {conflicts}");
-    assert_eq!(executed + replayed + conflicts, 200);
-    assert_eq!(fixture.count().await, 1, "the upstream counter");
-    // Afterwards both gateways replay.
-    for addr in [addr_a, addr_b] {
-        let reply = http
-            .post_key(&format!("http://{addr}/slow?ms=200"), "once", "")
-            .await;
-        assert!(reply.replayed(), "{}", reply.status);
-    }
+    shared_store::two_gateways_200_concurrent_same_key_requests_execute_once(
+        &ns,
+        &store_section(&ns),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -153,96 +66,13 @@ async fn a_gateway_killed_mid_request_is_taken_over_after_the_lease_and_runs_onc
     if !redis_up() {
         return;
     }
-    let fixture = Fixture::start();
     let ns = namespace("kill");
-    let file = config_file(&ns, "");
-    let upstream = format!("http://{}", fixture.addr);
-    let args = [
-        "--config",
-        file.to_str().unwrap(),
-        "--upstream",
-        &upstream,
-        "--listen",
-        "127.0.0.1:0",
-        "--lease",
-        "2s",
-    ];
-    let (mut a, addr_a) = spawn_gateway(&args);
-    let (_b, addr_b) = spawn_gateway(&args);
-    let http = Http::new();
-    let url_a = format!("http://{addr_a}/slow?ms=3000");
-    let url_b = format!("http://{addr_b}/slow?ms=3000");
-    let pending = tokio::spawn({
-        let http = http.clone();
-        async move {
-            http.try_send(
-                http::Method::POST,
-                &url_a,
-                &[("idempotency-key", "crash")],
-                "",
-            )
-            .await
-        }
-    });
-    // Wait until A holds the key (read from Redis, so nothing else claims it).
-    let store = RedisStore::connect(
-        RedisConfig::new(url())
-            .unwrap()
-            .with_namespace(&ns)
-            .unwrap(),
+    shared_store::a_gateway_killed_mid_request_is_taken_over_after_the_lease(
+        &ns,
+        &store_section(&ns),
+        shared_store::redis_store(&url(), &ns),
     )
-    .await
-    .unwrap();
-    let key = RecordKey::unscoped(IdempotencyKey::new("crash").unwrap());
-    let mut held = false;
-    for _ in 0..250 {
-        if store
-            .get(&key)
-            .await
-            .unwrap()
-            .is_some_and(|record| record.state == State::InFlight)
-        {
-            held = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(held, "gateway A never claimed the key");
-    let killed_at = Instant::now();
-    // SIGKILL: no drain, no release.
-    a.child.kill().unwrap();
-    let _ = a.child.wait();
-    assert!(
-        pending.await.unwrap().is_err(),
-        "the client of A lost its connection"
-    );
-    // Still held until the lease runs out.
-    assert_eq!(http.post_key(&url_b, "crash", "").await.status, 409);
-    // Retries through B: 409 until the lease lapses, then one takes over and runs; concurrent
-    // retries meanwhile get 409, later ones the replay.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let taken_over = loop {
-        let reply = http.post_key(&url_b, "crash", "").await;
-        if reply.status != 409 {
-            break reply;
-        }
-        assert!(Instant::now() < deadline, "the lease never lapsed");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert!(
-        killed_at.elapsed() >= Duration::from_millis(1500),
-        "taken over before the lease ended"
-    );
-    assert_eq!(taken_over.status, 200, "{}", taken_over.text());
-    assert!(!taken_over.replayed());
-    assert_eq!(
-        fixture.count().await,
-        1,
-        "A's upstream call died with it; B's ran once"
-    );
-    let replay = http.post_key(&url_b, "crash", "").await;
-    assert!(replay.replayed());
-    assert_eq!(fixture.count().await, 1);
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -252,11 +82,11 @@ async fn upstream_down_and_too_slow_release_the_key_on_redis() {
     }
     let upstream = free_addr();
     let ns = namespace("release");
-    let file = config_file(&ns, "");
+    let file = shared_store::config_file(&ns, &store_section(&ns), "");
     let upstream_url = format!("http://{upstream}");
     let (_gw, addr) = spawn_gateway(&[
         "--config",
-        file.to_str().unwrap(),
+        file.path(),
         "--upstream",
         &upstream_url,
         "--listen",
@@ -277,10 +107,15 @@ async fn upstream_down_and_too_slow_release_the_key_on_redis() {
     assert!(!retry.replayed());
     assert_eq!(fixture.count().await, 1);
 
-    let slow_file = config_file(&format!("{ns}-slow"), "[upstream]\ntimeout = \"300ms\"\n");
+    let slow_ns = format!("{ns}-slow");
+    let slow_file = shared_store::config_file(
+        &slow_ns,
+        &store_section(&slow_ns),
+        "[upstream]\ntimeout = \"300ms\"\n",
+    );
     let (_slow, slow_addr) = spawn_gateway(&[
         "--config",
-        slow_file.to_str().unwrap(),
+        slow_file.path(),
         "--upstream",
         &upstream_url,
         "--listen",
@@ -337,9 +172,10 @@ async fn a_gateway_starts_before_its_store_and_connects_when_it_answers() {
     assert_eq!(fixture.count().await, 0);
 
     // A server comes up on the port: the gateway connects, no restart.
-    let Some(_server) = redis_server(port) else {
+    if !have_redis_binaries() {
         return;
-    };
+    }
+    let _server = ServerProcess::start_on(port, &[]);
     let ready = common::eventually(Duration::from_secs(15), || {
         let http = http.clone();
         async move {
@@ -359,26 +195,4 @@ async fn a_gateway_starts_before_its_store_and_connects_when_it_answers() {
     assert!(executed, "the covered request never ran");
     assert!(http.post_key(&echo, "early", "10 EUR").await.replayed());
     assert_eq!(fixture.count().await, 1);
-}
-
-/// A private `redis-server` on `port`, killed when dropped; `None` (skipped loudly, a failure
-/// under CI=true) where `redis-server` is not installed.
-fn redis_server(port: u16) -> Option<common::Proc> {
-    let spawned = std::process::Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--save", "", "--appendonly", "no"])
-        .current_dir(std::env::temp_dir())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn();
-    match spawned {
-        Ok(child) => Some(common::Proc { child }),
-        Err(err) => {
-            let message =
-                format!("redis-server cannot be started ({err}): apt-get install redis-server");
-            assert!(!idem_testkit::probe::in_ci(), "CI=true and {message}");
-            eprintln!("\n!!!!! SKIPPED (the second half): {message} !!!!!\n");
-            None
-        }
-    }
 }

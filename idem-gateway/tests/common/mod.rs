@@ -29,6 +29,7 @@ use idem_gateway::commands::{Running, start_with_store};
 use idem_gateway::config::{self, Config, Overrides};
 use idem_store_memory::MemoryStore;
 
+pub mod shared_store;
 pub mod webdriver;
 
 /// The idem-fixture binary of this test's target directory. `cargo test --workspace` has built
