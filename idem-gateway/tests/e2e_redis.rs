@@ -193,6 +193,18 @@ async fn a_gateway_starts_before_its_store_and_connects_when_it_answers() {
     })
     .await;
     assert!(executed, "the covered request never ran");
-    assert!(http.post_key(&echo, "early", "10 EUR").await.replayed());
+    // Each serving thread has a store connection of its own, which tries to connect at most
+    // once a second: one that tried just before the server came up answers 503 (nothing run)
+    // until its next try. The retry is a replay once it reaches the store, never a second run.
+    let replayed = common::eventually(Duration::from_secs(15), || {
+        let (http, echo) = (http.clone(), echo.clone());
+        async move {
+            let retry = http.post_key(&echo, "early", "10 EUR").await;
+            assert!(retry.replayed() || retry.status == 503, "{}", retry.status);
+            retry.replayed()
+        }
+    })
+    .await;
+    assert!(replayed, "the retry was never replayed");
     assert_eq!(fixture.count().await, 1);
 }
