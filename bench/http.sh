@@ -5,7 +5,8 @@
 # bench/http/replay.lua). Prints requests per second and the ratio to --bare, and for Redis the
 # commands per request from INFO commandstats. The CPU columns are the fixture's own CPU time per
 # request, with the ratio bare/layer in parentheses (1.00 = no overhead); the last line gives
-# the difference, the CPU the layer adds to each request.
+# the difference, the CPU the layer adds to each request. A row for `--floor`, a minimal stand-in
+# for the layer, shows how much of that any idempotency layer pays.
 #
 #   bench/http.sh                 # memory store, and Redis if `--store redis://` is accepted
 #   DURATION=30s bench/http.sh    # longer runs
@@ -92,6 +93,11 @@ run_case() { # run_case <name> <script> <fixture args...>
 
 run_case bare_unique unique-keys.lua --bare
 run_case bare_replay replay.lua --bare
+# The floor: a minimal stand-in for the layer (idem-fixture --floor: key, body, SHA-256, one
+# Mutex<HashMap> of responses, nothing else; see idem-fixture/src/floor.rs). What it costs, any
+# idempotency layer costs; its ratio to --bare bounds the ratio a layer can reach on this host.
+run_case floor_unique unique-keys.lua --floor
+run_case floor_replay replay.lua --floor
 run_case memory_unique unique-keys.lua --store memory
 run_case memory_replay replay.lua --store memory
 # The memory store at its steady size: bounded to STEADY records, which the warm-up fills, so
@@ -140,6 +146,7 @@ row() { # row <label> <prefix>
     echo "| $1 | ${result[${2}_unique]} | $(ratio "${result[${2}_unique]}" "${result[bare_unique]}") | ${result[${2}_unique_cpu]} us ($(ratio "${result[bare_unique_cpu]}" "${result[${2}_unique_cpu]}")) | ${result[${2}_replay]} | $(ratio "${result[${2}_replay]}" "${result[bare_replay]}") | ${result[${2}_replay_cpu]} us ($(ratio "${result[bare_replay_cpu]}" "${result[${2}_replay_cpu]}")) |"
 }
 row "--bare" bare
+row "floor (--floor: the least any layer does)" floor
 row "layer, memory store" memory
 row "layer, memory store at its steady size ($STEADY records, every claim evicts)" steady
 # added <prefix> <kind>: the fixture's CPU per request with the layer minus without it, in us.
@@ -155,3 +162,4 @@ else
 fi
 echo
 echo "CPU the layer adds per request (layer minus --bare): memory store $(added memory unique) us per first execution ($(added steady unique) us at its steady size), $(added memory replay) us per replay$($redis && echo "; Redis store $(added redis unique) us and $(added redis replay) us")"
+echo "CPU the floor adds per request (--floor minus --bare): $(added floor unique) us per first execution, $(added floor replay) us per replay"

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! idem-fixture [--listen ADDR] [--store URL] [--namespace NAME] [--retention-ms N]
-//!              [--lease-ms N] [--memory-capacity N] [--bare]
+//!              [--lease-ms N] [--memory-capacity N] [--bare | --floor]
 //! idem-fixture --help
 //! ```
 //!
@@ -27,6 +27,9 @@
 //!   is full every claim evicts the oldest settled record: the store at its steady size, as
 //!   one with a retention runs in a long-lived process (`bench/http.sh` measures both).
 //! - `--bare`: no layer (the baseline of the benchmarks).
+//! - `--floor`: for benchmarks only, a minimal stand-in for the layer (see `floor.rs`): what any
+//!   idempotency layer does on a request, with everything that makes idem-http a usable one
+//!   taken out; `bench/http.sh` measures it as a second reference.
 //! - `--help`: this usage on stdout, exit 0. A bad flag or value is an error on stderr, exit 2.
 //!
 //! Routes: the five routes of the table below `/counter` are behind the layer, which covers
@@ -64,6 +67,8 @@ use axum::routing::{any, get, post};
 use idem_core::Store;
 use idem_http::{Config, IdempotencyLayer};
 
+mod floor;
+
 /// mimalloc, as the `idem` gateway uses: the fixture is what `bench/http.sh` measures, with
 /// and without the layer, so both sides run on the allocator a server would ship with.
 #[global_allocator]
@@ -73,7 +78,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const MAX_LARGE: usize = 256 * 1024 * 1024;
 const MAX_SLOW_MS: u64 = 600_000;
 
-const USAGE: &str = "usage: idem-fixture [--listen ADDR] [--store memory|redis://HOST:PORT|redis+cluster://HOST:PORT,HOST:PORT|postgres://USER@HOST/DB|redb:PATH] [--namespace NAME] [--retention-ms N] [--lease-ms N] [--memory-capacity N] [--bare]";
+const USAGE: &str = "usage: idem-fixture [--listen ADDR] [--store memory|redis://HOST:PORT|redis+cluster://HOST:PORT,HOST:PORT|postgres://USER@HOST/DB|redb:PATH] [--namespace NAME] [--retention-ms N] [--lease-ms N] [--memory-capacity N] [--bare | --floor]";
 
 /// The Redis namespace and PostgreSQL schema unless `--namespace` names another.
 const NAMESPACE: &str = "idem_fixture";
@@ -100,6 +105,7 @@ struct Args {
     lease: Duration,
     memory_capacity: Option<NonZeroUsize>,
     bare: bool,
+    floor: bool,
 }
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Command, String> {
@@ -111,6 +117,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Command, String>
         lease: Duration::from_secs(30),
         memory_capacity: None,
         bare: false,
+        floor: false,
     };
     while let Some(flag) = args.next() {
         let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
@@ -139,9 +146,13 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Command, String>
                 parsed.memory_capacity = Some(capacity);
             }
             "--bare" => parsed.bare = true,
+            "--floor" => parsed.floor = true,
             "-h" | "--help" => return Ok(Command::Help),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
+    }
+    if parsed.bare && parsed.floor {
+        return Err("--bare and --floor exclude each other".to_owned());
     }
     Ok(Command::Run(parsed))
 }
@@ -342,6 +353,8 @@ async fn app(args: &Args) -> Result<Router, String> {
     // A route layer, so a path no route serves is 404 without a key, and nothing is stored.
     let covered = if args.bare {
         covered
+    } else if args.floor {
+        covered.route_layer(floor::FloorLayer::default())
     } else {
         covered.route_layer(layer(args).await?)
     };

@@ -94,7 +94,7 @@ async fn redis_store_down_is_503_and_the_handler_does_not_run() {
         return;
     }
     let port = free_port();
-    let mut server = redis_server(port).await;
+    let server = idem_testkit::redis_server::ServerProcess::start_on(port, &[]);
     let url = format!("redis://127.0.0.1:{port}");
     let fixture = Fixture::start(&url, &[]);
     let key = unique("down");
@@ -102,8 +102,7 @@ async fn redis_store_down_is_503_and_the_handler_does_not_run() {
         fixture.post("/echo", &key, "a").await.status,
         StatusCode::CREATED
     );
-    server.kill().unwrap();
-    server.wait().unwrap();
+    server.kill();
     assert_store_down(&fixture).await;
     let replay = fixture.post("/echo", &key, "a").await;
     assert_problem(&replay, 503);
@@ -121,32 +120,6 @@ fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .unwrap()
         .port()
-}
-
-/// A Redis server of the test's own on `port`, once it accepts connections.
-#[cfg(feature = "redis")]
-async fn redis_server(port: u16) -> std::process::Child {
-    let server = std::process::Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("start a redis-server of the test's own");
-    for _ in 0..100 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    server
 }
 
 /// Every keyed request is a 503 problem with `Retry-After` of at least 1 s, and runs nothing.
@@ -177,7 +150,7 @@ async fn redis_down_at_start_is_503_until_it_answers() {
         0,
         "no handler ran while the store was down"
     );
-    let mut server = redis_server(port).await;
+    let server = idem_testkit::redis_server::ServerProcess::start_on(port, &[]);
     let key = unique("up-later");
     let mut first = fixture.post("/echo", &key, "a").await;
     for _ in 0..100 {
@@ -191,8 +164,7 @@ async fn redis_down_at_start_is_503_until_it_answers() {
     let replay = fixture.post("/echo", &key, "a").await;
     assert!(replay.is_replay(), "{replay:?}");
     assert_eq!(fixture.counter().await, 1);
-    server.kill().unwrap();
-    server.wait().unwrap();
+    server.kill();
 }
 
 /// A PostgreSQL server that does not answer when the fixture starts (a closed port): the
@@ -888,6 +860,7 @@ fn help_and_bad_command_lines() {
         (&["--store", "mysql://x"], "--store"),
         (&["--store", "redis://"], "--store"),
         (&["--namespace", "other"], "--namespace"),
+        (&["--bare", "--floor"], "--floor"),
         (
             &["--store", "redb:/nonexistent/x", "--namespace", "other"],
             "--namespace",
@@ -921,109 +894,6 @@ async fn redis_namespaces_keep_fixtures_apart() {
     assert_eq!(again.counter().await, 0);
 }
 
-/// Three `redis-server --cluster-enabled yes` processes of a test's own, made one Cluster with
-/// `redis-cli --cluster create`; killed, and their directory removed, when dropped.
-#[cfg(feature = "redis")]
-struct RedisCluster {
-    servers: Vec<std::process::Child>,
-    ports: Vec<u16>,
-    dir: std::path::PathBuf,
-}
-
-#[cfg(feature = "redis")]
-impl RedisCluster {
-    /// The Cluster, once every node says `cluster_state:ok`; `None` (skipped loudly, a failure
-    /// under CI=true) where `redis-server` is not installed.
-    async fn start() -> Option<RedisCluster> {
-        let dir = std::env::temp_dir().join(unique("idem-fixture-cluster"));
-        let mut cluster = RedisCluster {
-            servers: Vec::new(),
-            ports: Vec::new(),
-            dir,
-        };
-        while cluster.ports.len() < 3 {
-            // The node's bus listens on its port + 10000: both must be free.
-            let port = free_port();
-            if port > 55_000 || std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_err() {
-                continue;
-            }
-            let node_dir = cluster.dir.join(port.to_string());
-            std::fs::create_dir_all(&node_dir).unwrap();
-            let spawned = std::process::Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args([
-                    "--cluster-enabled",
-                    "yes",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                ])
-                .arg("--dir")
-                .arg(&node_dir)
-                .stdout(std::process::Stdio::null())
-                .spawn();
-            match spawned {
-                Ok(server) => cluster.servers.push(server),
-                Err(err) => {
-                    let message = format!("redis-server cannot be started ({err})");
-                    assert!(!idem_testkit::probe::in_ci(), "CI=true and {message}");
-                    eprintln!("\n!!!!! SKIPPED: {message} !!!!!\n");
-                    return None;
-                }
-            }
-            cluster.ports.push(port);
-        }
-        for port in &cluster.ports {
-            while std::net::TcpStream::connect(("127.0.0.1", *port)).is_err() {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-        let created = std::process::Command::new("redis-cli")
-            .args(["--cluster", "create"])
-            .args(cluster.ports.iter().map(|port| format!("127.0.0.1:{port}")))
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .stdin(std::process::Stdio::null())
-            .output()
-            .expect("run redis-cli --cluster create");
-        assert!(created.status.success(), "{created:?}");
-        for _ in 0..300 {
-            let ready = cluster.ports.iter().all(|port| {
-                std::process::Command::new("redis-cli")
-                    .args(["-p", &port.to_string(), "CLUSTER", "INFO"])
-                    .output()
-                    .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("state:ok"))
-            });
-            if ready {
-                return Some(cluster);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("the test Cluster never reached cluster_state:ok");
-    }
-
-    /// The fixture's `--store` for this Cluster: every node a seed.
-    fn url(&self) -> String {
-        let nodes: Vec<String> = self
-            .ports
-            .iter()
-            .map(|port| format!("127.0.0.1:{port}"))
-            .collect();
-        format!("redis+cluster://{}", nodes.join(","))
-    }
-}
-
-#[cfg(feature = "redis")]
-impl Drop for RedisCluster {
-    fn drop(&mut self) {
-        for server in &mut self.servers {
-            let _ = server.kill();
-            let _ = server.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// `--store redis+cluster://...` puts the fixture's records on a Redis Cluster (the form the
 /// gateway takes too; the fixture used to refuse it as an unknown store): the storms run each
 /// key once, a replay is faithful, and keys with `{` and `}` in them (a Cluster's hash tag
@@ -1034,7 +904,7 @@ async fn a_redis_cluster_store_runs_each_key_once() {
     if support::redis_url().is_none() {
         return;
     }
-    let Some(cluster) = RedisCluster::start().await else {
+    let Some(cluster) = idem_testkit::redis_server::Cluster::start() else {
         return;
     };
     let url = cluster.url();
@@ -1053,4 +923,25 @@ async fn a_redis_cluster_store_runs_each_key_once() {
         assert_eq!(replay.body, key.as_bytes(), "{key}");
     }
     assert_eq!(fixture.counter().await, keys.len() as u64);
+}
+
+/// `--floor` (benchmarks only) stands in for the layer with the least any layer does: one
+/// execution per key, the retry answered from what it kept, another body 422, no key 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_floor_runs_a_key_once() {
+    let fixture = Fixture::start("memory", &["--floor"]);
+    let key = unique("floor");
+    let first = fixture.post("/echo", &key, "a").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let again = fixture.post("/echo", &key, "a").await;
+    assert_eq!((again.status, again.body), (first.status, first.body));
+    assert_eq!(
+        fixture.post("/echo", &key, "b").await.status,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+    let (status, _) = fixture
+        .raw(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        .await;
+    assert_eq!(status, 400);
+    assert_eq!(fixture.counter().await, 1);
 }
