@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use axum::body::{Body, Bytes};
-use axum::http::{HeaderMap, Request, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use idem_core::Fingerprint;
 
@@ -131,6 +131,17 @@ where
                     .remove(&key);
                 return Ok(StatusCode::INTERNAL_SERVER_ERROR.into_response());
             };
+            // Copies: the body and header values may be slices of the connection's read buffer
+            // (hyper parses without copying, and the echo answers with the request's own bytes),
+            // which a record must not keep alive: any store copies the response into a record
+            // of its own.
+            let kept = Bytes::copy_from_slice(&body);
+            let mut headers = HeaderMap::with_capacity(parts.headers.len());
+            for (name, value) in &parts.headers {
+                if let Ok(value) = HeaderValue::from_bytes(value.as_bytes()) {
+                    headers.append(name.clone(), value);
+                }
+            }
             records
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
@@ -139,8 +150,8 @@ where
                     Entry::Done {
                         fingerprint,
                         status: parts.status,
-                        headers: parts.headers.clone(),
-                        body: body.clone(),
+                        headers,
+                        body: kept,
                     },
                 );
             Ok(Response::from_parts(parts, Body::from(body)))
