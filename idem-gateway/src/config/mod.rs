@@ -1,6 +1,6 @@
 //! The gateway's configuration: a TOML file ([`toml`], serde types with
 //! `deny_unknown_fields`) turned into a validated [`Config`] by one function
-//! ([`Config::build`], in [`internal`]), with the command line and the environment
+//! ([`Config::build`]), with the command line and the environment
 //! ([`Overrides`]) winning over the file.
 //!
 //! ```
@@ -34,7 +34,9 @@
 use std::fmt;
 use std::path::Path;
 
+mod build;
 pub mod internal;
+mod routes;
 pub mod toml;
 pub mod value;
 

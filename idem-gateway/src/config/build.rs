@@ -1,0 +1,451 @@
+//! [`Config::build`]: THE function that turns a parsed file and the overrides into a validated
+//! [`Config`], one section at a time: every default is applied and every setting checked here,
+//! nothing here panics, and each error is one line naming where the bad value is
+//! (`file:line:column`, or the flag).
+
+use std::net::SocketAddr;
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use toml::Spanned;
+
+use super::ConfigError;
+use super::internal::{
+    AdminConfig, Config, LogConfig, Origin, Overrides, ServerConfig, StoreConfig, UpstreamConfig,
+    defaults,
+};
+use super::routes::route_configs;
+use super::toml::{
+    AdminSection, FileConfig, LogSection, ServerSection, StoreSection, UpstreamSection,
+};
+use super::value::{ByteSize, HumanDuration, ListenAddr, StoreSpec, UpstreamUrl};
+use crate::store::SettingError;
+
+/// How errors name an override: the flag and its environment variable, since either may
+/// have set it.
+const STORE_FLAG: &str = "--store (or IDEM_STORE)";
+/// See [`STORE_FLAG`].
+const LEASE_FLAG: &str = "--lease (or IDEM_LEASE)";
+/// See [`STORE_FLAG`].
+const RETENTION_FLAG: &str = "--retention (or IDEM_RETENTION)";
+
+/// An override parsed with the file's parser; a bad value names the flag and its variable.
+fn flag<T: std::str::FromStr<Err = String>>(
+    value: Option<&String>,
+    flag: &str,
+) -> Result<Option<T>, ConfigError> {
+    value
+        .map(|text| {
+            text.parse::<T>()
+                .map_err(|err| ConfigError::new(Some(flag.to_owned()), err))
+        })
+        .transpose()
+}
+
+fn socket_addr(value: Option<&String>, name: &str) -> Result<Option<SocketAddr>, ConfigError> {
+    Ok(flag::<ListenAddr>(value, name)?.map(|ListenAddr(addr)| addr))
+}
+
+/// Whether two listening addresses would take the same port: the same port (not 0), on the same
+/// IP address or where one of them is the unspecified address of the same family (`0.0.0.0`
+/// binds every IPv4 address; `[::]` every IPv6 one, and IPv4 too where the system maps it).
+fn same_port(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() == b.port()
+        && a.port() != 0
+        && (a.ip() == b.ip()
+            || a.ip().is_unspecified() && (a.is_ipv6() || b.is_ipv4())
+            || b.ip().is_unspecified() && (b.is_ipv6() || a.is_ipv4()))
+}
+
+pub(super) fn positive(
+    value: Duration,
+    what: &str,
+    origin: &Origin,
+    at: Option<usize>,
+) -> Result<Duration, ConfigError> {
+    if value.is_zero() {
+        return Err(origin.error_at(at, format!("{what} must be longer than zero")));
+    }
+    Ok(value)
+}
+
+/// A size setting of a section (at least 1 byte), or `inherited` when the section sets none.
+pub(super) fn size(
+    value: Option<&Spanned<ByteSize>>,
+    what: &str,
+    inherited: NonZeroUsize,
+    origin: &Origin,
+) -> Result<NonZeroUsize, ConfigError> {
+    let Some(value) = value else {
+        return Ok(inherited);
+    };
+    usize::try_from(value.get_ref().0)
+        .ok()
+        .and_then(NonZeroUsize::new)
+        .ok_or_else(|| {
+            origin.error_at(
+                Some(value.span().start),
+                format!("{what} must be at least 1 byte"),
+            )
+        })
+}
+
+impl Config {
+    /// THE function that turns a parsed file and the overrides into a validated configuration:
+    /// every default is applied and every setting checked here, and nothing in it panics. Each
+    /// error is one line naming where the bad value is (`file:line:column`, or the flag).
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the first setting refused.
+    pub fn build(
+        file: FileConfig,
+        overrides: &Overrides,
+        origin: &Origin,
+    ) -> Result<Config, ConfigError> {
+        // Overrides first: a bad flag is reported even when the file is fine.
+        let flags = Flags::parse(overrides)?;
+        let FileConfig {
+            server,
+            upstream,
+            store,
+            admin,
+            log,
+            idempotency,
+            routes,
+        } = file;
+        let (server, server_listen_at) = server_config(server, flags.listen, origin)?;
+        let upstream = upstream_config(&upstream, flags.upstream_url, origin)?;
+        let store = store_config(store, flags.store_spec, overrides, origin)?;
+        let admin = admin_config(
+            admin,
+            flags.admin_listen,
+            overrides,
+            origin,
+            &server,
+            server_listen_at,
+        )?;
+        let log = log_config(log, origin)?;
+        let routes = route_configs(
+            idempotency.as_ref(),
+            &routes,
+            flags.lease,
+            flags.retention,
+            origin,
+        )?;
+        Ok(Config {
+            server,
+            upstream,
+            store,
+            admin,
+            log,
+            routes,
+        })
+    }
+}
+
+/// The overrides of the command line and the environment, parsed.
+struct Flags {
+    listen: Option<SocketAddr>,
+    upstream_url: Option<UpstreamUrl>,
+    store_spec: Option<StoreSpec>,
+    retention: Option<Duration>,
+    lease: Option<Duration>,
+    admin_listen: Option<SocketAddr>,
+}
+
+impl Flags {
+    fn parse(overrides: &Overrides) -> Result<Flags, ConfigError> {
+        let listen = socket_addr(overrides.listen.as_ref(), "--listen (or IDEM_LISTEN)")?;
+        let upstream_url =
+            flag::<UpstreamUrl>(overrides.upstream.as_ref(), "--upstream (or IDEM_UPSTREAM)")?;
+        let store_spec = flag::<StoreSpec>(overrides.store.as_ref(), STORE_FLAG)?;
+        let retention =
+            flag::<HumanDuration>(overrides.retention.as_ref(), RETENTION_FLAG)?.map(|d| d.0);
+        let lease = flag::<HumanDuration>(overrides.lease.as_ref(), LEASE_FLAG)?.map(|d| d.0);
+        let admin_listen = socket_addr(
+            overrides.admin_listen.as_ref(),
+            "--admin-listen (or IDEM_ADMIN_LISTEN)",
+        )?;
+        for (value, name) in [(lease, LEASE_FLAG), (retention, RETENTION_FLAG)] {
+            if value.is_some_and(|d| d.is_zero()) {
+                return Err(ConfigError::new(
+                    Some(name.to_owned()),
+                    "must be longer than zero",
+                ));
+            }
+        }
+        Ok(Flags {
+            listen,
+            upstream_url,
+            store_spec,
+            retention,
+            lease,
+            admin_listen,
+        })
+    }
+}
+
+/// `[server]`, and where the file set its listen address (for the admin listener's errors).
+fn server_config(
+    server: ServerSection,
+    listen: Option<SocketAddr>,
+    origin: &Origin,
+) -> Result<(ServerConfig, Option<usize>), ConfigError> {
+    let max_header_bytes = match &server.max_header_bytes {
+        Some(spanned) => {
+            let ByteSize(n) = *spanned.get_ref();
+            usize::try_from(n)
+                .ok()
+                .filter(|n| *n >= defaults::MIN_HEADER_BYTES)
+                .ok_or_else(|| {
+                    origin.error_at(
+                        Some(spanned.span().start),
+                        format!(
+                            "max_header_bytes must be at least {} (8KiB)",
+                            defaults::MIN_HEADER_BYTES
+                        ),
+                    )
+                })?
+        }
+        None => defaults::MAX_HEADER_BYTES,
+    };
+    let max_headers = match &server.max_headers {
+        Some(spanned) if *spanned.get_ref() == 0 => {
+            return Err(
+                origin.error_at(Some(spanned.span().start), "max_headers must be at least 1")
+            );
+        }
+        Some(spanned) => *spanned.get_ref(),
+        None => defaults::MAX_HEADERS,
+    };
+    let workers = match &server.workers {
+        Some(spanned) => NonZeroUsize::new(*spanned.get_ref())
+            .filter(|workers| workers.get() <= defaults::MAX_WORKERS)
+            .ok_or_else(|| {
+                origin.error_at(
+                    Some(spanned.span().start),
+                    format!(
+                        "workers must be 1 to {} (one serving thread each)",
+                        defaults::MAX_WORKERS
+                    ),
+                )
+            })?,
+        None => defaults::workers(),
+    };
+    let server_listen_at = match (&listen, &server.listen) {
+        (None, Some(spanned)) => Some(spanned.span().start),
+        _ => None,
+    };
+    let server = ServerConfig {
+        listen: listen
+            .or(server.listen.map(|spanned| spanned.into_inner().0))
+            .unwrap_or(defaults::LISTEN),
+        max_header_bytes,
+        max_headers,
+        shutdown_grace: server
+            .shutdown_grace
+            .map_or(defaults::SHUTDOWN_GRACE, |d| d.0),
+        workers,
+    };
+    Ok((server, server_listen_at))
+}
+
+/// `[upstream]`, if it names one (or `--upstream` does).
+fn upstream_config(
+    upstream: &UpstreamSection,
+    upstream_url: Option<UpstreamUrl>,
+    origin: &Origin,
+) -> Result<Option<UpstreamConfig>, ConfigError> {
+    let upstream = match upstream_url.or(upstream.url.clone()) {
+        None => None,
+        Some(url) => Some(UpstreamConfig {
+            url,
+            connect_timeout: match &upstream.connect_timeout {
+                Some(d) => positive(
+                    d.get_ref().0,
+                    "connect_timeout",
+                    origin,
+                    Some(d.span().start),
+                )?,
+                None => defaults::CONNECT_TIMEOUT,
+            },
+            timeout: match &upstream.timeout {
+                Some(d) => positive(
+                    d.get_ref().0,
+                    "the upstream timeout",
+                    origin,
+                    Some(d.span().start),
+                )?,
+                None => defaults::UPSTREAM_TIMEOUT,
+            },
+            pool_idle_timeout: upstream
+                .pool_idle_timeout
+                .map_or(defaults::POOL_IDLE_TIMEOUT, |d| d.0),
+            pool_max_idle: upstream.pool_max_idle.unwrap_or(defaults::POOL_MAX_IDLE),
+        }),
+    };
+    Ok(upstream)
+}
+
+/// `[store]`: the store's own client checks its URL and namespace, without connecting.
+fn store_config(
+    store: StoreSection,
+    store_spec: Option<StoreSpec>,
+    overrides: &Overrides,
+    origin: &Origin,
+) -> Result<StoreConfig, ConfigError> {
+    let namespace = match &store.namespace {
+        Some(spanned) => {
+            let ns = spanned.get_ref();
+            let valid = !ns.is_empty()
+                && ns.len() <= 64
+                && ns
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+            if !valid {
+                return Err(origin.error_at(
+                    Some(spanned.span().start),
+                    format!("namespace {ns:?}: 1 to 64 letters, digits, '_', '.' or '-'"),
+                ));
+            }
+            ns.clone()
+        }
+        None => defaults::NAMESPACE.to_owned(),
+    };
+    let memory_capacity = match &store.memory_capacity {
+        Some(spanned) => NonZeroUsize::new(*spanned.get_ref()).ok_or_else(|| {
+            origin.error_at(
+                Some(spanned.span().start),
+                "memory_capacity must be at least 1",
+            )
+        })?,
+        None => NonZeroUsize::new(defaults::MEMORY_CAPACITY).unwrap_or(NonZeroUsize::MIN),
+    };
+    let memory_max_bytes = size(
+        store.memory_max_bytes.as_ref(),
+        "memory_max_bytes",
+        NonZeroUsize::new(defaults::MEMORY_MAX_BYTES).unwrap_or(NonZeroUsize::MIN),
+        origin,
+    )?;
+    if memory_max_bytes.get() < defaults::MIN_MEMORY_MAX_BYTES {
+        let at = store.memory_max_bytes.as_ref().map(|v| v.span().start);
+        return Err(origin.error_at(at, "memory_max_bytes must be at least 1MiB"));
+    }
+    // The store's own client checks its URL and namespace here, without connecting, so
+    // that `check-config` refuses what `serve` would.
+    let spec_at = match (&store_spec, &store.url) {
+        (Some(_), _) => None,
+        (None, url) => url.as_ref().map(|url| url.span().start),
+    };
+    let spec = store_spec
+        .or(store.url.map(Spanned::into_inner))
+        .unwrap_or(StoreSpec::Memory);
+    if let Err(err) = crate::store::check_settings(&spec, &namespace) {
+        return Err(match err {
+            SettingError::Url(message) => match spec_at {
+                Some(at) => origin.error_at(Some(at), message),
+                None if overrides.store.is_some() => {
+                    ConfigError::new(Some(STORE_FLAG.to_owned()), message)
+                }
+                None => origin.error_at(None, message),
+            },
+            SettingError::Namespace(message) => {
+                origin.error_at(store.namespace.as_ref().map(|ns| ns.span().start), message)
+            }
+        });
+    }
+    let store = StoreConfig {
+        spec,
+        namespace,
+        memory_capacity,
+        memory_max_bytes,
+    };
+    Ok(store)
+}
+
+/// `[admin]`, unless disabled; it may not share the gateway's port.
+fn admin_config(
+    admin: AdminSection,
+    admin_listen: Option<SocketAddr>,
+    overrides: &Overrides,
+    origin: &Origin,
+    server: &ServerConfig,
+    server_listen_at: Option<usize>,
+) -> Result<Option<AdminConfig>, ConfigError> {
+    let token = match (&overrides.admin_token, &admin.token) {
+        (Some(token), _) => Some((token.clone(), None, "--admin-token (or IDEM_ADMIN_TOKEN)")),
+        (None, Some(spanned)) => Some((
+            spanned.get_ref().clone(),
+            Some(spanned.span().start),
+            "token",
+        )),
+        (None, None) => None,
+    };
+    let token = match token {
+        Some((token, at, name)) => {
+            if token.is_empty() || !token.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+                let message = "the admin token must be printable ASCII without spaces";
+                return Err(match at {
+                    Some(at) => origin.error_at(Some(at), message),
+                    None => ConfigError::new(Some(name.to_owned()), message),
+                });
+            }
+            Some(token)
+        }
+        None => None,
+    };
+    let admin_enabled = !overrides.no_admin && admin.enabled.unwrap_or(true);
+    let admin_listen_at = match (&admin_listen, &admin.listen) {
+        (None, Some(spanned)) => Some(spanned.span().start),
+        _ => None,
+    };
+    let admin = admin_enabled.then(|| AdminConfig {
+        listen: admin_listen
+            .or(admin.listen.map(|spanned| spanned.into_inner().0))
+            .unwrap_or(defaults::ADMIN_LISTEN),
+        token,
+    });
+    if let Some(admin) = &admin {
+        if same_port(server.listen, admin.listen) {
+            let message = format!(
+                "the admin listener ({}) and the gateway ({}) cannot share a port: give the admin listener another (or disable it)",
+                admin.listen, server.listen
+            );
+            // The admin address is named where it was set: a flag, or the file.
+            return Err(match (overrides.admin_listen.is_some(), admin_listen_at) {
+                (true, _) => ConfigError::new(
+                    Some("--admin-listen (or IDEM_ADMIN_LISTEN)".to_owned()),
+                    message,
+                ),
+                (false, Some(at)) => origin.error_at(Some(at), message),
+                (false, None) if overrides.listen.is_some() => {
+                    ConfigError::new(Some("--listen (or IDEM_LISTEN)".to_owned()), message)
+                }
+                (false, None) => origin.error_at(server_listen_at, message),
+            });
+        }
+    }
+    Ok(admin)
+}
+
+/// `[log]`.
+fn log_config(log: LogSection, origin: &Origin) -> Result<LogConfig, ConfigError> {
+    let level = match &log.level {
+        Some(spanned) => {
+            let level = spanned.get_ref();
+            if let Err(err) = tracing_subscriber::EnvFilter::try_new(level) {
+                return Err(origin.error_at(
+                    Some(spanned.span().start),
+                    format!("invalid log level {level:?}: {err}"),
+                ));
+            }
+            level.clone()
+        }
+        None => defaults::LOG_LEVEL.to_owned(),
+    };
+    let log = LogConfig {
+        format: log.format.unwrap_or_default(),
+        level,
+    };
+    Ok(log)
+}

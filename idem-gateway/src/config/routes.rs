@@ -1,0 +1,231 @@
+//! The routes of [`Config::build`](super::Config::build): each `[[route]]` resolved over the
+//! settings of `[idempotency]`, which are themselves the catch-all route, then the duration
+//! overrides of the command line applied to all of them.
+
+use std::time::Duration;
+
+use http::HeaderName;
+use toml::Spanned;
+
+use super::ConfigError;
+use super::build::{positive, size};
+use super::internal::{DEFAULT_ROUTE, Origin, Route, RouteSettings};
+use super::toml::RouteSection;
+use super::value::{HumanDuration, PathPattern};
+
+/// Headers that describe one connection: never stored, so never allowed.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "content-length",
+];
+
+fn header_names(
+    names: &[String],
+    allow: bool,
+    origin: &Origin,
+    at: Option<usize>,
+) -> Result<Vec<HeaderName>, ConfigError> {
+    names
+        .iter()
+        .map(|name| {
+            let header = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| origin.error_at(at, format!("{name:?} is not a header name")))?;
+            if allow && HOP_BY_HOP.contains(&header.as_str()) {
+                return Err(origin.error_at(
+                    at,
+                    format!(
+                        "{name} describes one connection and is never stored: it cannot be allowed"
+                    ),
+                ));
+            }
+            Ok(header)
+        })
+        .collect()
+}
+
+/// Where a value of a section is: its own position when it was set, else the section's.
+fn position<T>(value: Option<&Spanned<T>>, section: Option<usize>) -> Option<usize> {
+    value.map_or(section, |spanned| Some(spanned.span().start))
+}
+
+/// Resolves a route section over its parent's settings, then applies the duration overrides.
+fn settings(
+    section: &RouteSection,
+    parent: &RouteSettings,
+    lease_override: Option<Duration>,
+    retention_override: Option<Duration>,
+    origin: &Origin,
+    at: Option<usize>,
+) -> Result<RouteSettings, ConfigError> {
+    let lease_at = position(section.lease.as_ref(), at);
+    let lease = positive(
+        lease_override
+            .or(section.lease.as_ref().map(|d| d.get_ref().0))
+            .unwrap_or(parent.lease),
+        "the lease",
+        origin,
+        lease_at,
+    )?;
+    // A heartbeat not set here is inherited; when this level changes the lease, it is also
+    // kept to at most a third of the new lease.
+    let heartbeat_at = position(section.heartbeat.as_ref(), lease_at);
+    let heartbeat = match section.heartbeat.as_ref().map(Spanned::get_ref) {
+        Some(HumanDuration(beat)) => *beat,
+        None if lease == parent.lease => parent.heartbeat,
+        None => parent.heartbeat.min(lease / 3),
+    };
+    let heartbeat = positive(heartbeat, "the heartbeat", origin, heartbeat_at)?;
+    if heartbeat >= lease {
+        // A lease from --lease or IDEM_LEASE is named as such: the file's heartbeat may be
+        // fine for the file's own lease.
+        let from = if lease_override.is_some() {
+            ", set by --lease or IDEM_LEASE"
+        } else {
+            ""
+        };
+        return Err(origin.error_at(
+            heartbeat_at,
+            format!(
+                "the heartbeat ({}) must be shorter than the lease ({}{from})",
+                HumanDuration(heartbeat),
+                HumanDuration(lease)
+            ),
+        ));
+    }
+    let retention = positive(
+        retention_override
+            .or(section.retention.as_ref().map(|d| d.get_ref().0))
+            .unwrap_or(parent.retention),
+        "the retention",
+        origin,
+        position(section.retention.as_ref(), at),
+    )?;
+    let header = match &section.header {
+        Some(name) => HeaderName::from_bytes(name.get_ref().as_bytes()).map_err(|_| {
+            origin.error_at(
+                Some(name.span().start),
+                format!("header {:?} is not a header name", name.get_ref()),
+            )
+        })?,
+        None => parent.header.clone(),
+    };
+    let methods = match &section.methods {
+        Some(methods) if methods.get_ref().is_empty() => {
+            return Err(origin.error_at(
+                Some(methods.span().start),
+                "methods is empty: cover at least one method (or set enabled = false)",
+            ));
+        }
+        Some(methods) => methods.get_ref().iter().map(|m| m.0.clone()).collect(),
+        None => parent.methods.clone(),
+    };
+    let wait = match section.wait {
+        Some(HumanDuration(d)) if d.is_zero() => None,
+        Some(HumanDuration(d)) => Some(d),
+        None => parent.wait,
+    };
+    let request_body_limit = size(
+        section.request_body_limit.as_ref(),
+        "request_body_limit",
+        parent.request_body_limit,
+        origin,
+    )?;
+    let storage_cap = size(
+        section.storage_cap.as_ref(),
+        "storage_cap",
+        parent.storage_cap,
+        origin,
+    )?;
+    let allow_headers = match &section.allow_headers {
+        Some(names) => header_names(names.get_ref(), true, origin, Some(names.span().start))?,
+        None => parent.allow_headers.clone(),
+    };
+    let deny_headers = match &section.deny_headers {
+        Some(names) => header_names(names.get_ref(), false, origin, Some(names.span().start))?,
+        None => parent.deny_headers.clone(),
+    };
+    Ok(RouteSettings {
+        enabled: section.enabled.unwrap_or(parent.enabled),
+        header,
+        methods,
+        key: section.key.unwrap_or(parent.key),
+        scope: section
+            .scope
+            .clone()
+            .unwrap_or_else(|| parent.scope.clone()),
+        lease,
+        heartbeat,
+        retention,
+        wait,
+        request_body_limit,
+        storage_cap,
+        store_server_errors: section
+            .store_server_errors
+            .unwrap_or(parent.store_server_errors),
+        on_store_error: section.on_store_error.unwrap_or(parent.on_store_error),
+        strict_keys: section.strict_keys.unwrap_or(parent.strict_keys),
+        allow_headers,
+        deny_headers,
+        log_keys: section.log_keys.unwrap_or(parent.log_keys),
+    })
+}
+
+/// The `[[route]]` entries over `[idempotency]`, then the catch-all route of `[idempotency]`.
+pub(super) fn route_configs(
+    idempotency: Option<&Spanned<RouteSection>>,
+    routes: &[Spanned<RouteSection>],
+    lease: Option<Duration>,
+    retention: Option<Duration>,
+    origin: &Origin,
+) -> Result<Vec<Route>, ConfigError> {
+    let base = RouteSettings::default();
+    let (top, top_at) = match idempotency {
+        Some(spanned) => (spanned.get_ref().clone(), Some(spanned.span().start)),
+        None => (RouteSection::default(), None),
+    };
+    if top.path.is_some() || top.name.is_some() {
+        return Err(origin.error_at(
+            top_at,
+            "[idempotency] takes no name or path: those are for [[route]] entries",
+        ));
+    }
+    let defaults = settings(&top, &base, lease, retention, origin, top_at)?;
+    let mut resolved = Vec::with_capacity(routes.len() + 1);
+    for (index, spanned) in routes.iter().enumerate() {
+        let at = Some(spanned.span().start);
+        let section = spanned.get_ref();
+        let Some(path) = section.path.clone() else {
+            return Err(origin.error_at(at, format!("route {} has no path", index + 1)));
+        };
+        let name = section.name.clone().unwrap_or_else(|| path.to_string());
+        // A route's name labels its metrics and logs: two routes of one name would count
+        // as one, as would a route named like the catch-all.
+        if name == DEFAULT_ROUTE || resolved.iter().any(|route: &Route| route.name == name) {
+            return Err(origin.error_at(
+                at,
+                format!(
+                    "route {}: the name {name:?} is taken (by an earlier route, or by \
+                     {DEFAULT_ROUTE:?}, the paths no route covers): give each route its own",
+                    index + 1
+                ),
+            ));
+        }
+        resolved.push(Route {
+            name,
+            path,
+            settings: settings(section, &defaults, lease, retention, origin, at)?,
+        });
+    }
+    resolved.push(Route {
+        name: DEFAULT_ROUTE.to_owned(),
+        path: PathPattern::Prefix("/".to_owned()),
+        settings: defaults,
+    });
+    Ok(resolved)
+}
