@@ -62,9 +62,11 @@
 //! [`Store::scan`]: idem_core::Store::scan
 
 mod codec;
+mod error;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 mod store;
+mod writer;
 
 pub use store::{RedbStore, RedbStoreBuilder};

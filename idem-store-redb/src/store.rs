@@ -1,13 +1,13 @@
 //! [`RedbStore`]: the [`Store`] in one redb file, and its builder.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::machine::{self, LeasePolicy, Step, Write};
+use idem_core::machine::{self, LeasePolicy, Step};
 use idem_core::{
     Bytes, ClaimOutcome, ClaimRequest, Clock, Failure, Fence, Lease, Record, RecordKey, ScanPage,
     ScanQuery, Store, StoreError, StoreStats, SystemClock, Timestamp,
@@ -19,20 +19,22 @@ use redb::{
 use tokio::sync::oneshot;
 
 use crate::codec;
+use crate::error::{BatchError, in_file, open_error, storage};
+use crate::writer::{Batch, Job, Writer};
 
 /// The records: table key (see [`codec::encode_key`]) to stored record.
-const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem_records");
+pub(crate) const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem_records");
 /// Store-wide values: the fence floor, the format version.
-const META: TableDefinition<&str, u64> = TableDefinition::new("idem_meta");
+pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("idem_meta");
 /// At least the fence of every record ever removed: new grants start above it, so fences keep
 /// rising across a delete (a record that still exists carries its own fence).
-const FENCE_FLOOR: &str = "fence_floor";
-const FORMAT: &str = "format";
+pub(crate) const FENCE_FLOOR: &str = "fence_floor";
+pub(crate) const FORMAT: &str = "format";
 
 /// The most operations one write transaction (one fsync) carries.
-const MAX_BATCH: usize = 256;
+pub(crate) const MAX_BATCH: usize = 256;
 /// How many expired records one sweep transaction removes.
-const SWEEP_BATCH: usize = 1_000;
+pub(crate) const SWEEP_BATCH: usize = 1_000;
 
 /// The embedded durable store: one redb file. Cheap to clone: clones share the file.
 ///
@@ -189,368 +191,19 @@ fn prepare(db: &Database, quick_repair: bool) -> Result<u64, StoreError> {
     Ok(floor)
 }
 
-fn begin_write(db: &Database, quick_repair: bool) -> Result<redb::WriteTransaction, StoreError> {
+pub(crate) fn begin_write(
+    db: &Database,
+    quick_repair: bool,
+) -> Result<redb::WriteTransaction, StoreError> {
     let mut txn = db.begin_write().map_err(storage)?;
     txn.set_durability(Durability::Immediate).map_err(storage)?;
     txn.set_quick_repair(quick_repair);
     Ok(txn)
 }
 
-/// A redb error as a [`StoreError`]: I/O and a closed database are `Unavailable`, an oversized
-/// value `TooLarge`, anything else (a corrupt file, a format from the future) a permanent
-/// `Backend` error.
-pub(crate) fn storage(err: impl Into<redb::Error>) -> StoreError {
-    let err: redb::Error = err.into();
-    match err {
-        // What redb answers for a file that is not a redb file.
-        redb::Error::Io(io) if io.kind() == std::io::ErrorKind::InvalidData => {
-            StoreError::Backend {
-                source: Box::new(io),
-                retryable: false,
-            }
-        }
-        redb::Error::Io(_)
-        | redb::Error::PreviousIo
-        | redb::Error::DatabaseClosed
-        | redb::Error::DatabaseAlreadyOpen
-        | redb::Error::LockPoisoned(_) => StoreError::unavailable(err),
-        redb::Error::ValueTooLarge(size) => StoreError::TooLarge {
-            size,
-            limit: u32::MAX as usize,
-        },
-        other => StoreError::Backend {
-            source: Box::new(other),
-            retryable: false,
-        },
-    }
-}
-
-/// Why a store file could not be opened, with its path: redb's own messages name neither the
-/// file nor, for a file locked by another process, the process.
-#[derive(Debug)]
-struct OpenError {
-    path: PathBuf,
-    source: redb::DatabaseError,
-}
-
-impl std::fmt::Display for OpenError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let path = self.path.display();
-        match &self.source {
-            redb::DatabaseError::DatabaseAlreadyOpen => write!(
-                f,
-                "the store file {path} is in use: another process (or another RedbStore in \
-                 this one) has it open, and a redb file has one owner at a time"
-            ),
-            redb::DatabaseError::Storage(redb::StorageError::Io(io))
-                if io.kind() == std::io::ErrorKind::InvalidData =>
-            {
-                write!(f, "cannot open {path}: it is not a redb store file ({io})")
-            }
-            other => write!(f, "cannot open {path}: {other}"),
-        }
-    }
-}
-
-impl std::error::Error for OpenError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.source)
-    }
-}
-
-/// An error of opening the file at `path` as a [`StoreError`], classified as [`storage`] does
-/// (a file in use is `Unavailable`: its owner may be on its way out), and naming the file.
-fn open_error(path: &Path, err: redb::DatabaseError) -> StoreError {
-    let retryable = match &err {
-        redb::DatabaseError::DatabaseAlreadyOpen => true,
-        redb::DatabaseError::Storage(redb::StorageError::Io(io)) => {
-            io.kind() != std::io::ErrorKind::InvalidData
-        }
-        redb::DatabaseError::Storage(
-            redb::StorageError::PreviousIo
-            | redb::StorageError::DatabaseClosed
-            | redb::StorageError::LockPoisoned(_),
-        ) => true,
-        _ => false,
-    };
-    let source = OpenError {
-        path: path.to_owned(),
-        source: err,
-    };
-    if retryable {
-        StoreError::unavailable(source)
-    } else {
-        StoreError::Backend {
-            source: Box::new(source),
-            retryable: false,
-        }
-    }
-}
-
-/// A [`StoreError`] of preparing the file at `path` (its tables, its format), naming the file
-/// and keeping the error as its source.
-fn in_file(path: &Path, err: StoreError) -> StoreError {
-    let wrap = |source| InFile {
-        path: path.to_owned(),
-        source,
-    };
-    match err {
-        StoreError::Unavailable { source } => StoreError::unavailable(wrap(source)),
-        StoreError::Backend { source, retryable } => StoreError::Backend {
-            source: Box::new(wrap(source)),
-            retryable,
-        },
-        other => other,
-    }
-}
-
-/// An error that happened in the store file at `path`.
-#[derive(Debug)]
-struct InFile {
-    path: PathBuf,
-    source: Box<dyn std::error::Error + Send + Sync>,
-}
-
-impl std::fmt::Display for InFile {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.path.display(), self.source)
-    }
-}
-
-impl std::error::Error for InFile {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&*self.source)
-    }
-}
-
-/// A failed batch's error, shared by every operation of the batch.
-#[derive(Debug)]
-struct BatchError(Arc<str>);
-
-impl std::fmt::Display for BatchError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for BatchError {}
-
-/// What the writer hands back once the batch's commit is settled: `None` if it committed.
-type Reply = Box<dyn FnOnce(Option<&(Arc<str>, bool)>) + Send>;
-/// One operation for the writer: runs against the open batch (or `None` if the batch could
-/// not be opened) and returns how to answer.
-type Job = Box<dyn FnOnce(Option<&mut Batch<'_>>) -> Reply + Send>;
-
-/// The single writer: takes every operation queued since its last commit, applies them in one
-/// write transaction, commits once (one fsync for the batch), then answers them all.
-struct Writer {
-    db: Arc<RwLock<Database>>,
-    clock: Arc<dyn Clock>,
-    /// The highest fence granted since the file was opened, or the floor.
-    last_fence: u64,
-    /// The fence floor as committed.
-    floor: u64,
-    quick_repair: bool,
-}
-
-/// The open write transaction of one batch, as operations see it.
-pub(crate) struct Batch<'t> {
-    records: redb::Table<'t, &'static [u8], &'static [u8]>,
-    clock: Arc<dyn Clock>,
-    last_fence: u64,
-    floor: u64,
-    dirty: bool,
-    /// A storage error: the batch is aborted and every operation in it fails.
-    broken: Option<StoreError>,
-}
-
-impl Writer {
-    fn run(mut self, queue: &Receiver<Job>) {
-        while let Ok(first) = queue.recv() {
-            let mut jobs = vec![first];
-            while jobs.len() < MAX_BATCH {
-                match queue.try_recv() {
-                    Ok(job) => jobs.push(job),
-                    Err(_) => break,
-                }
-            }
-            let db = Arc::clone(&self.db);
-            let db = read_lock(&db);
-            let (replies, outcome) = self.batch(&db, jobs);
-            let failure = outcome
-                .err()
-                .map(|e| (Arc::<str>::from(e.to_string()), e.is_retryable()));
-            for reply in replies {
-                reply(failure.as_ref());
-            }
-        }
-    }
-
-    fn batch(&mut self, db: &Database, jobs: Vec<Job>) -> (Vec<Reply>, Result<(), StoreError>) {
-        let txn = match begin_write(db, self.quick_repair) {
-            Ok(txn) => txn,
-            Err(err) => return (jobs.into_iter().map(|job| job(None)).collect(), Err(err)),
-        };
-        let records = match txn.open_table(RECORDS) {
-            Ok(records) => records,
-            Err(err) => {
-                return (
-                    jobs.into_iter().map(|job| job(None)).collect(),
-                    Err(storage(err)),
-                );
-            }
-        };
-        let (replies, last_fence, floor, dirty, broken) = {
-            let mut batch = Batch {
-                records,
-                clock: Arc::clone(&self.clock),
-                last_fence: self.last_fence,
-                floor: self.floor,
-                dirty: false,
-                broken: None,
-            };
-            let replies: Vec<Reply> = jobs.into_iter().map(|job| job(Some(&mut batch))).collect();
-            (
-                replies,
-                batch.last_fence,
-                batch.floor,
-                batch.dirty,
-                batch.broken,
-            )
-        };
-        if let Some(err) = broken {
-            let _ = txn.abort();
-            return (replies, Err(err));
-        }
-        if !dirty {
-            // Nothing written (replays, refusals): no commit, no fsync.
-            let _ = txn.abort();
-            return (replies, Ok(()));
-        }
-        let committed = (|| {
-            // Only a batch that removed records moves the floor (claims and completions write
-            // nothing but their record).
-            if floor > self.floor {
-                let mut meta = txn.open_table(META).map_err(storage)?;
-                meta.insert(FENCE_FLOOR, floor).map_err(storage)?;
-            }
-            txn.commit().map_err(storage)
-        })();
-        if committed.is_ok() {
-            self.last_fence = last_fence;
-            self.floor = floor;
-        }
-        (replies, committed)
-    }
-}
-
-impl Batch<'_> {
-    /// Runs one transition on `key` against the batch's view (earlier operations of the batch
-    /// included) and applies its write.
-    fn transition<T>(
-        &mut self,
-        key: &RecordKey,
-        decide: impl FnOnce(Option<&Record>, Timestamp, Fence) -> Result<Step<T>, StoreError>,
-    ) -> Result<T, StoreError> {
-        let raw_key = codec::encode_key(key);
-        let found = self
-            .records
-            .get(raw_key.as_slice())
-            .map(|raw| raw.map(|raw| codec::decode_record(key, raw.value())));
-        let existing = match found {
-            Ok(found) => found.transpose()?,
-            Err(err) => return Err(self.break_batch(storage(err))),
-        };
-        let now = self.clock.now();
-        let step = decide(
-            existing.as_ref(),
-            now,
-            Fence::new(self.last_fence.max(self.floor)).successor(),
-        )?;
-        match step.write {
-            Write::Nothing => {}
-            Write::Put(record) => {
-                let raw = codec::encode_record(&record)?;
-                let inserted = self
-                    .records
-                    .insert(raw_key.as_slice(), raw.as_slice())
-                    .map(drop);
-                if let Err(err) = inserted {
-                    return Err(self.break_batch(storage(err)));
-                }
-                self.last_fence = self.last_fence.max(record.fence.get());
-                self.dirty = true;
-            }
-            Write::Remove => {
-                let removed = self.records.remove(raw_key.as_slice()).map(drop);
-                if let Err(err) = removed {
-                    return Err(self.break_batch(storage(err)));
-                }
-                self.removed(existing.map(|record| record.fence.get()));
-            }
-        }
-        Ok(step.answer)
-    }
-
-    fn delete(&mut self, key: &RecordKey) -> Result<bool, StoreError> {
-        let now = self.clock.now();
-        let raw_key = codec::encode_key(key);
-        let removed = self.records.remove(raw_key.as_slice()).map(|removed| {
-            removed.map(|raw| (codec::expires_at(raw.value()), codec::fence(raw.value())))
-        });
-        let removed = match removed {
-            Ok(removed) => removed,
-            Err(err) => return Err(self.break_batch(storage(err))),
-        };
-        let Some((expires_at, fence)) = removed else {
-            return Ok(false);
-        };
-        self.removed(fence);
-        // A record that cannot be read counts as there: the operator removed something.
-        Ok(expires_at.is_none_or(|at| now < at))
-    }
-
-    /// Removes up to [`SWEEP_BATCH`] expired records; returns how many.
-    fn sweep(&mut self) -> Result<usize, StoreError> {
-        let now = self.clock.now();
-        let removed = self
-            .records
-            .extract_if(|_, raw| codec::expires_at(raw).is_some_and(|at| now >= at))
-            .map(|expired| {
-                expired
-                    .take(SWEEP_BATCH)
-                    .filter_map(Result::ok)
-                    .map(|(_, raw)| codec::fence(raw.value()))
-                    .collect::<Vec<_>>()
-            });
-        let removed = match removed {
-            Ok(removed) => removed,
-            Err(err) => return Err(self.break_batch(storage(err))),
-        };
-        for &fence in &removed {
-            self.removed(fence);
-        }
-        Ok(removed.len())
-    }
-
-    /// Records that a record with `fence` was removed (`None`: a record whose fence cannot be
-    /// read): the floor rises to it.
-    fn removed(&mut self, fence: Option<u64>) {
-        let fence = fence.unwrap_or(self.last_fence.max(self.floor));
-        self.floor = self.floor.max(fence);
-        self.dirty = true;
-    }
-
-    fn break_batch(&mut self, err: StoreError) -> StoreError {
-        let message = err.to_string();
-        self.broken.get_or_insert(err);
-        StoreError::unavailable(message)
-    }
-}
-
 /// Takes the database's shared lock. The lock guards no invariant of its own (only
 /// compaction's exclusive access), so a poisoned lock is used as it is.
-fn read_lock(db: &RwLock<Database>) -> RwLockReadGuard<'_, Database> {
+pub(crate) fn read_lock(db: &RwLock<Database>) -> RwLockReadGuard<'_, Database> {
     db.read().unwrap_or_else(PoisonError::into_inner)
 }
 
