@@ -126,6 +126,14 @@ pub struct Gateway {
     refused: Arc<[Counter; 3]>,
 }
 
+/// Why a request was refused before any route: its index in [`metric::REFUSED_REASONS`].
+#[derive(Clone, Copy)]
+enum Refused {
+    Host = 0,
+    AboveRoot = 1,
+    NoPath = 2,
+}
+
 const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 const ERROR_KINDS: [&str; 5] = [
     "unreachable",
@@ -199,7 +207,7 @@ impl Gateway {
         let start = Instant::now();
         let (mut parts, body) = request.into_parts();
         if let Err(reason) = settle_host(&mut parts) {
-            self.refused[0].increment(1);
+            self.refused[Refused::Host as usize].increment(1);
             tracing::debug!(method = %parts.method, path = parts.uri.path(), "refused: {reason}");
             return problem_of_type(
                 StatusCode::BAD_REQUEST,
@@ -215,13 +223,17 @@ impl Gateway {
         let route = match NormalPath::new(request.uri().path()) {
             Ok(path) => self.routes.iter().find(|r| r.path.matches(&path)),
             Err(err) => {
-                let (status, variant, counted) = match err {
-                    PathError::AboveRoot => (StatusCode::BAD_REQUEST, "AboveRoot", 1),
+                let (status, variant, refused) = match err {
+                    PathError::AboveRoot => {
+                        (StatusCode::BAD_REQUEST, "AboveRoot", Refused::AboveRoot)
+                    }
                     // A request target without a path (`*`, or a CONNECT's authority): no
                     // route covers it.
-                    PathError::NotAbsolute => (StatusCode::NOT_FOUND, "NotAbsolute", 2),
+                    PathError::NotAbsolute => {
+                        (StatusCode::NOT_FOUND, "NotAbsolute", Refused::NoPath)
+                    }
                 };
-                self.refused[counted].increment(1);
+                self.refused[refused as usize].increment(1);
                 tracing::debug!(method = %request.method(), path = request.uri().path(), "refused: {err}");
                 return problem_of_type(
                     status,
