@@ -2,7 +2,7 @@
 //! property test, the service probes, a store with switchable faults ([`faulty`]) for the
 //! tests of what sits on top of a store, a metrics recorder that counts ([`recorder`]), a capture
 //! of log lines ([`logs`]), and private `redis-server` processes and Redis Clusters
-//! ([`redis_server`]). Every store crate runs the same suite from its own `tests/`:
+//! (`redis_server`, feature `redis-server`). Every store crate runs the same suite from its own `tests/`:
 //!
 //! ```ignore
 //! // idem-store-memory/tests/conformance.rs
@@ -23,6 +23,7 @@ pub mod logs;
 pub mod model;
 pub mod probe;
 pub mod recorder;
+#[cfg(feature = "redis-server")]
 pub mod redis_server;
 
 use std::sync::Arc;

@@ -1,7 +1,7 @@
-//! Private Redis servers and Redis Clusters for tests, with the standard library alone (no Redis
-//! client): `redis-server` processes on free ports that die with the test process, a
-//! three-node Cluster made of them (DESIGN.md section 9), and a minimal RESP client that asks
-//! them `PING`, `CLUSTER INFO` and the like.
+//! Private Redis servers and Redis Clusters for tests (feature `redis-server`): `redis-server`
+//! processes on free ports that die with the test process, a three-node Cluster made of them
+//! (DESIGN.md section 9), and [`command`], which asks them `PING`, `CLUSTER INFO` and the like
+//! through redis-rs's blocking client.
 //!
 //! Where `redis-server` or `redis-cli` is not installed, [`have_redis_binaries`] skips loudly,
 //! and fails under `CI=true` (see [`probe`](crate::probe)).
@@ -11,8 +11,7 @@
 //! let url = cluster.url(); // redis+cluster://127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3
 //! ```
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
@@ -75,124 +74,37 @@ pub fn free_port(with_bus: bool) -> u16 {
     panic!("no free port")
 }
 
-/// A reply of a Redis server, as RESP2 spells it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Reply {
-    /// `+OK`: a status line.
-    Status(String),
-    /// `-ERR ...`: an error the server answered (a refusal, `NOAUTH`, `MOVED`...).
-    Error(String),
-    /// `:1`: an integer.
-    Integer(i64),
-    /// `$n`: a bulk string, `None` for the null bulk string.
-    Bulk(Option<Vec<u8>>),
-    /// `*n`: an array, `None` for the null array.
-    Array(Option<Vec<Reply>>),
-}
-
-impl Reply {
-    /// The text of a status or bulk reply (lossy UTF-8); empty for the others.
-    #[must_use]
-    pub fn text(&self) -> String {
-        match self {
-            Reply::Status(text) => text.clone(),
-            Reply::Bulk(Some(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
-            _ => String::new(),
-        }
-    }
-}
-
-/// Sends one command to the server at `url` (`redis://[user:pass@]host:port`, or a bare
-/// `host:port`) on a connection of its own, authenticating first when the URL carries a
-/// password, and reads its reply (two seconds at most for each step).
+/// Sends one command to the server at `url` (`redis://[user:pass@]host:port`) on a connection
+/// of its own (two seconds at most to connect) and reads its reply.
 ///
 /// # Errors
-/// The I/O error of connecting, sending or reading, or `InvalidData` for a reply that is not
-/// RESP2. An error the server answered is `Ok(Reply::Error(..))`.
-pub fn command(url: &str, args: &[&str]) -> std::io::Result<Reply> {
-    let timeout = Duration::from_secs(2);
-    let address = host_port(url)
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, url.to_owned()))?;
-    let stream = TcpStream::connect_timeout(&address, timeout)?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut writer = stream;
-    if let Some(auth) = credentials(url) {
-        let auth: Vec<&str> = std::iter::once("AUTH")
-            .chain(auth.iter().map(String::as_str))
-            .collect();
-        writer.write_all(&encode(&auth))?;
-        if let Reply::Error(refused) = read_reply(&mut reader)? {
-            return Ok(Reply::Error(refused));
-        }
+/// The client's error: a connection that failed, or an error the server answered.
+pub fn command(url: &str, args: &[&str]) -> redis::RedisResult<redis::Value> {
+    let client = redis::Client::open(url)?;
+    let mut connection = client.get_connection_with_timeout(Duration::from_secs(2))?;
+    let mut command = redis::cmd(args.first().copied().unwrap_or("PING"));
+    for arg in args.iter().skip(1) {
+        command.arg(*arg);
     }
-    writer.write_all(&encode(args))?;
-    read_reply(&mut reader)
+    command.query(&mut connection)
 }
 
-/// The `AUTH` arguments of a URL's user information: `[user, password]` or `[password]`.
-fn credentials(url: &str) -> Option<Vec<String>> {
-    let rest = url.split_once("://")?.1;
-    let authority = rest.split('/').next().unwrap_or(rest);
-    let (userinfo, _) = authority.rsplit_once('@')?;
-    match userinfo.split_once(':') {
-        Some(("", password)) => Some(vec![password.to_owned()]),
-        Some((user, password)) => Some(vec![user.to_owned(), password.to_owned()]),
-        None => Some(vec![userinfo.to_owned()]),
+/// Whether `result` is the server's answer (a reply, or an error it answered such as
+/// `NOAUTH`), as opposed to a connection that failed.
+fn answered<T>(result: &redis::RedisResult<T>) -> bool {
+    match result {
+        Ok(_) => true,
+        Err(err) => !err.is_io_error() && !err.is_connection_refusal(),
     }
 }
 
-fn encode(args: &[&str]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for arg in args {
-        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-        out.extend_from_slice(arg.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    out
-}
-
-fn invalid(what: impl Into<String>) -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::InvalidData, what.into())
-}
-
-fn read_reply(reader: &mut impl BufRead) -> std::io::Result<Reply> {
-    let mut line = String::new();
-    if reader.read_line(&mut line)? == 0 {
-        return Err(std::io::ErrorKind::UnexpectedEof.into());
-    }
-    let line = line.trim_end_matches(['\r', '\n']);
-    let (kind, rest) = line.split_at(line.len().min(1));
-    let number = || -> std::io::Result<i64> {
-        rest.parse()
-            .map_err(|_| invalid(format!("not a RESP number: {line:?}")))
-    };
-    match kind {
-        "+" => Ok(Reply::Status(rest.to_owned())),
-        "-" => Ok(Reply::Error(rest.to_owned())),
-        ":" => number().map(Reply::Integer),
-        "$" => {
-            let Ok(len) = usize::try_from(number()?) else {
-                return Ok(Reply::Bulk(None));
-            };
-            let mut bytes = vec![0; len + 2];
-            reader.read_exact(&mut bytes)?;
-            bytes.truncate(len);
-            Ok(Reply::Bulk(Some(bytes)))
-        }
-        "*" => {
-            let Ok(len) = usize::try_from(number()?) else {
-                return Ok(Reply::Array(None));
-            };
-            let items = (0..len)
-                .map(|_| read_reply(reader))
-                .collect::<std::io::Result<_>>()?;
-            Ok(Reply::Array(Some(items)))
-        }
-        _ => Err(invalid(format!("not a RESP reply: {line:?}"))),
+/// The text of a simple or bulk string reply (lossy UTF-8); empty for the others.
+fn text(value: &redis::Value) -> String {
+    match value {
+        redis::Value::SimpleString(text) => text.clone(),
+        redis::Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+        redis::Value::VerbatimString { text, .. } => text.clone(),
+        _ => String::new(),
     }
 }
 
@@ -298,7 +210,7 @@ exit 0"#;
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             // Any answer counts, a refusal to an anonymous client (NOAUTH) too.
-            if command(&self.url(), &["PING"]).is_ok() {
+            if answered(&command(&self.url(), &["PING"])) {
                 return;
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -416,7 +328,7 @@ impl Cluster {
         while Instant::now() < deadline {
             let not_ok = self.nodes.iter().find_map(|node| {
                 let info = command(node, &["CLUSTER", "INFO"])
-                    .map_or_else(|err| format!("{err}"), |reply| reply.text());
+                    .map_or_else(|err| format!("{err}"), |reply| text(&reply));
                 let ok =
                     info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384");
                 (!ok).then(|| format!("{node}: {info}"))
@@ -442,7 +354,10 @@ impl Cluster {
             .iter()
             .enumerate()
             .filter(|(_, url)| {
-                command(url, &["EXISTS", redis_key]).expect("ask a node") == Reply::Integer(1)
+                // A node that does not hold the key's slot answers with a redirect (an error).
+                let reply = command(url, &["EXISTS", redis_key]);
+                assert!(answered(&reply), "ask {url}: {reply:?}");
+                matches!(reply, Ok(redis::Value::Int(1)))
             })
             .map(|(index, _)| index)
             .collect();
@@ -526,16 +441,16 @@ fn start_cluster(extra: &[&str]) -> Cluster {
 /// The primaries of the Cluster that `seed` belongs to, as plain URLs, from `CLUSTER SLOTS`.
 fn cluster_primaries(seed: &str) -> Vec<String> {
     let slots = match command(seed, &["CLUSTER", "SLOTS"]) {
-        Ok(Reply::Array(Some(slots))) => slots,
+        Ok(redis::Value::Array(slots)) => slots,
         other => panic!("CLUSTER SLOTS on IDEM_TEST_REDIS_CLUSTER ({seed}): {other:?}"),
     };
     let mut nodes: Vec<String> = slots
         .iter()
         .filter_map(|range| match range {
-            Reply::Array(Some(parts)) => match parts.get(2) {
-                Some(Reply::Array(Some(node))) => match (node.first(), node.get(1)) {
-                    (Some(host @ Reply::Bulk(Some(_))), Some(Reply::Integer(port))) => {
-                        Some(format!("redis://{}:{port}", host.text()))
+            redis::Value::Array(parts) => match parts.get(2) {
+                Some(redis::Value::Array(node)) => match (node.first(), node.get(1)) {
+                    (Some(host @ redis::Value::BulkString(_)), Some(redis::Value::Int(port))) => {
+                        Some(format!("redis://{}:{port}", text(host)))
                     }
                     _ => None,
                 },
@@ -558,36 +473,5 @@ mod tests {
         assert_eq!(host_port("redis://127.0.0.1:7000"), "127.0.0.1:7000");
         assert_eq!(host_port("redis://u:p@h/3"), "h:6379");
         assert_eq!(host_port("h:1"), "h:1");
-    }
-
-    #[test]
-    fn credentials_come_from_the_user_information() {
-        assert_eq!(credentials("redis://h:1"), None);
-        assert_eq!(credentials("redis://:pw@h:1"), Some(vec!["pw".to_owned()]));
-        assert_eq!(
-            credentials("redis://app:pw@h:1/0"),
-            Some(vec!["app".to_owned(), "pw".to_owned()])
-        );
-    }
-
-    #[test]
-    fn replies_are_read_as_resp2() {
-        let mut input: &[u8] =
-            b"*4\r\n+OK\r\n:-3\r\n$5\r\nhello\r\n$-1\r\n-NOAUTH Authentication required.\r\n";
-        assert_eq!(
-            read_reply(&mut input).unwrap(),
-            Reply::Array(Some(vec![
-                Reply::Status("OK".to_owned()),
-                Reply::Integer(-3),
-                Reply::Bulk(Some(b"hello".to_vec())),
-                Reply::Bulk(None),
-            ]))
-        );
-        assert_eq!(
-            read_reply(&mut input).unwrap(),
-            Reply::Error("NOAUTH Authentication required.".to_owned())
-        );
-        assert!(read_reply(&mut input).is_err());
-        assert_eq!(encode(&["PING"]), b"*1\r\n$4\r\nPING\r\n");
     }
 }
