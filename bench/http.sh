@@ -163,3 +163,5 @@ fi
 echo
 echo "CPU the layer adds per request (layer minus --bare): memory store $(added memory unique) us per first execution ($(added steady unique) us at its steady size), $(added memory replay) us per replay$($redis && echo "; Redis store $(added redis unique) us and $(added redis replay) us")"
 echo "CPU the floor adds per request (--floor minus --bare): $(added floor unique) us per first execution, $(added floor replay) us per replay"
+over_floor() { awk -v a="${result[memory_${1}_cpu]}" -v b="${result[floor_${1}_cpu]}" 'BEGIN { printf "%.1f", a - b }'; }
+echo "CPU idem-http's machinery adds over the floor (memory store minus --floor): $(over_floor unique) us per first execution, $(over_floor replay) us per replay"
