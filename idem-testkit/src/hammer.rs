@@ -58,6 +58,22 @@ pub struct HammerReport {
     pub released: u64,
 }
 
+/// `keys=.. executions=.. acquired=.. released=.. replayed=.. in_flight=..`, for a test's log.
+impl std::fmt::Display for HammerReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "keys={} executions={} acquired={} released={} replayed={} in_flight={}",
+            self.keys,
+            self.total_executions(),
+            self.acquired,
+            self.released,
+            self.replayed,
+            self.in_flight
+        )
+    }
+}
+
 impl HammerReport {
     /// Total executions of the side effect.
     #[must_use]

@@ -230,14 +230,7 @@ pub async fn big_hammer(h: &RedisHarness, server: &str) {
         ..HammerConfig::default()
     };
     let report = hammer(h.store(), config).await;
-    eprintln!(
-        "hammer 32 x 2000 on {server}: executions={} acquired={} released={} replayed={} in_flight={}",
-        report.total_executions(),
-        report.acquired,
-        report.released,
-        report.replayed,
-        report.in_flight
-    );
+    eprintln!("hammer 32 x 2000 on {server}: {report}");
     report.assert_exactly_once();
     assert_eq!(report.total_executions(), 2_000);
 }
