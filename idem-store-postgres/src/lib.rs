@@ -107,6 +107,8 @@ mod error;
 mod row;
 mod schema;
 mod store;
+mod transaction;
+mod transitions;
 
 pub use config::{ConfigError, PostgresConfig};
 pub use schema::MigrationReport;

@@ -1,21 +1,20 @@
-//! [`PostgresStore`]: the [`Store`] on PostgreSQL, and the transition functions that run in the
-//! caller's transaction.
+//! [`PostgresStore`]: the [`Store`] on PostgreSQL: its pool, its migrations and its clock; the
+//! transitions are in `transitions.rs`, the functions that run in the caller's transaction in
+//! `transaction.rs`.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::tokio_postgres::types::ToSql;
 use deadpool_postgres::tokio_postgres::{NoTls, Row};
-use deadpool_postgres::{
-    GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime, Transaction,
-};
-use idem_core::machine::{self, LeasePolicy, Step, Write};
+use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use idem_core::machine::LeasePolicy;
 use idem_core::{
-    Bytes, ClaimOutcome, ClaimRequest, Failure, Fence, Lease, Record, RecordKey, ScanPage,
-    ScanQuery, Store, StoreError, Timestamp, duration_micros,
+    Bytes, ClaimOutcome, ClaimRequest, Failure, Lease, Record, RecordKey, ScanPage, ScanQuery,
+    Store, StoreError, duration_micros,
 };
 
 use crate::config::PostgresConfig;
@@ -27,10 +26,6 @@ use crate::schema::{self, MigrationReport, Statements};
 /// it, so no timestamp overflows.
 const MAX_DURATION_MICROS: u64 = 100 * 365 * 86_400 * 1_000_000;
 
-/// How often a transition re-reads a record that changed under it before giving up (only
-/// concurrent transitions of one key ever need a second statement).
-const CLAIM_ATTEMPTS: usize = 5;
-
 /// How many expired rows one sweep statement deletes.
 const SWEEP_BATCH: i64 = 1_000;
 
@@ -39,16 +34,16 @@ const SWEEP_BATCH: i64 = 1_000;
 /// See the [crate docs](crate) for the table, the time source and the transaction functions.
 #[derive(Clone, Debug)]
 pub struct PostgresStore {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 #[derive(Debug)]
-struct Inner {
-    pool: Pool,
-    sql: Statements,
-    schema: String,
-    op_timeout: Duration,
-    policy: LeasePolicy,
+pub(crate) struct Inner {
+    pub(crate) pool: Pool,
+    pub(crate) sql: Statements,
+    pub(crate) schema: String,
+    pub(crate) op_timeout: Duration,
+    pub(crate) policy: LeasePolicy,
     /// Microseconds added to the server's clock: the test hook of [`PostgresStore::advance_clock`].
     offset: AtomicI64,
 }
@@ -91,31 +86,8 @@ fn build_pool(config: &PostgresConfig) -> Result<Pool, StoreError> {
 }
 
 /// Converts a duration for the database, capped at [`MAX_DURATION_MICROS`].
-fn micros(d: Duration) -> i64 {
+pub(crate) fn micros(d: Duration) -> i64 {
     i64::try_from(duration_micros(d).min(MAX_DURATION_MICROS)).unwrap_or(i64::MAX)
-}
-
-/// A fence as the database stores it (a fence above `i64::MAX` matches no row).
-fn fence_param(fence: Fence) -> i64 {
-    i64::try_from(fence.get()).unwrap_or(-1)
-}
-
-/// What a holder's statement means: it wrote (then the database checked owner, fence, state
-/// and lease on the latest row, exactly as the state machine does), or it did not and the state
-/// machine, run on the row as the statement's snapshot saw it, gives the answer. If the machine
-/// would have written, that row is older than the one the update saw: run the statement again.
-fn settle<T>(
-    decided: Result<Step<T>, StoreError>,
-    written: Option<T>,
-) -> Option<Result<T, StoreError>> {
-    if let Some(answer) = written {
-        return Some(Ok(answer));
-    }
-    match decided {
-        Err(err) => Some(Err(err)),
-        Ok(step) if matches!(step.write, Write::Nothing) => Some(Ok(step.answer)),
-        Ok(_) => None,
-    }
 }
 
 impl PostgresStore {
@@ -183,7 +155,7 @@ impl PostgresStore {
         self.inner.offset.fetch_add(micros(by), Ordering::SeqCst);
     }
 
-    fn offset(&self) -> i64 {
+    pub(crate) fn offset(&self) -> i64 {
         self.inner.offset.load(Ordering::SeqCst)
     }
 
@@ -218,80 +190,8 @@ impl PostgresStore {
         }
     }
 
-    /// [`Store::claim`] inside the caller's transaction: the claim becomes visible (and
-    /// binding) only when `tx` commits, together with the caller's own writes; a rollback
-    /// undoes it. While `tx` is open, other claims of the same key wait for it.
-    ///
-    /// `tx` must run at `READ COMMITTED` (PostgreSQL's default): a claim that lost a race
-    /// re-reads the record, which a repeatable-read snapshot would not show.
-    ///
-    /// # Errors
-    /// As [`Store::claim`].
-    pub async fn claim_in(
-        &self,
-        tx: &Transaction<'_>,
-        request: &ClaimRequest,
-    ) -> Result<ClaimOutcome, StoreError> {
-        self.timed("claim", self.claim_on(tx, request)).await
-    }
-
-    /// Commits `tx`, the caller's transaction that [`PostgresStore::claim_in`] and its siblings
-    /// took part in, within the operation timeout, its errors mapped as every operation's. A
-    /// commit that fails or times out may or may not have taken effect.
-    ///
-    /// # Errors
-    /// [`StoreError::Timeout`] past the operation timeout, [`StoreError::Unavailable`] for a
-    /// lost connection, [`StoreError::Backend`] for what the server refused (a serialization
-    /// failure is retryable).
-    pub async fn commit(&self, tx: Transaction<'_>) -> Result<(), StoreError> {
-        let after = self.inner.op_timeout;
-        self.timed("commit", async move {
-            tx.commit().await.map_err(|e| from_pg("commit", after, e))
-        })
-        .await
-    }
-
-    /// [`Store::complete`] inside the caller's transaction: the result is recorded if and only
-    /// if `tx` commits, so the business write made in `tx` and the completion commit together.
-    ///
-    /// # Errors
-    /// As [`Store::complete`].
-    pub async fn complete_in(
-        &self,
-        tx: &Transaction<'_>,
-        lease: &Lease,
-        result: Bytes,
-        retention: Duration,
-    ) -> Result<(), StoreError> {
-        self.timed("complete", self.complete_on(tx, lease, result, retention))
-            .await
-    }
-
-    /// [`Store::fail`] inside the caller's transaction.
-    ///
-    /// # Errors
-    /// As [`Store::fail`].
-    pub async fn fail_in(
-        &self,
-        tx: &Transaction<'_>,
-        lease: &Lease,
-        failure: Failure,
-        retention: Duration,
-    ) -> Result<(), StoreError> {
-        self.timed("fail", self.fail_on(tx, lease, failure, retention))
-            .await
-    }
-
-    /// [`Store::release`] inside the caller's transaction.
-    ///
-    /// # Errors
-    /// As [`Store::release`].
-    pub async fn release_in(&self, tx: &Transaction<'_>, lease: &Lease) -> Result<(), StoreError> {
-        self.timed("release", self.release_on(tx, lease)).await
-    }
-
     /// Runs `op` within the operation timeout.
-    async fn timed<T>(
+    pub(crate) async fn timed<T>(
         &self,
         op: &'static str,
         fut: impl Future<Output = Result<T, StoreError>>,
@@ -303,7 +203,7 @@ impl PostgresStore {
     }
 
     /// Runs `f` on a pooled connection, within the operation timeout.
-    async fn with_client<T>(
+    pub(crate) async fn with_client<T>(
         &self,
         op: &'static str,
         f: impl AsyncFnOnce(&deadpool_postgres::Client) -> Result<T, StoreError>,
@@ -319,209 +219,10 @@ impl PostgresStore {
         })
         .await
     }
-
-    async fn claim_on<C: GenericClient>(
-        &self,
-        client: &C,
-        request: &ClaimRequest,
-    ) -> Result<ClaimOutcome, StoreError> {
-        let key = &request.key;
-        let fail = |e| from_pg("claim", Duration::ZERO, e);
-        let statement = client
-            .prepare_cached(&self.inner.sql.claim)
-            .await
-            .map_err(fail)?;
-        let owner = request.grant_owner();
-        for _ in 0..CLAIM_ATTEMPTS {
-            let row = client
-                .query_opt(
-                    &statement,
-                    &[
-                        &key.scope.as_str(),
-                        &key.key.as_str(),
-                        &&request.fingerprint.as_bytes()[..],
-                        &owner.to_string(),
-                        &micros(request.lease),
-                        &self.offset(),
-                    ],
-                )
-                .await
-                .map_err(fail)?;
-            // No row: another claim inserted the record after this statement's snapshot was
-            // taken (the insert waited for it). The next statement sees it.
-            let Some(row) = row else { continue };
-            let now = row::now(key, &row)?;
-            let granted: bool = row
-                .try_get(row::NOW + 1)
-                .map_err(|e| protocol(e.to_string()))?;
-            let record = row::record(key, &row)?
-                .ok_or_else(|| protocol("a claim returned an empty record"))?;
-            if granted {
-                return Ok(ClaimOutcome::Acquired {
-                    taken_over: record.attempt > 1,
-                    lease: Lease {
-                        key: key.clone(),
-                        owner,
-                        fence: record.fence,
-                        until: record.lease_until,
-                        attempt: record.attempt,
-                    },
-                });
-            }
-            // Not granted: the state machine says what the record means (in flight,
-            // completed, failed, mismatch). If it would grant, the row read is older than the
-            // one the update saw (another claim took it over meanwhile): read again.
-            // A grant without a write is this claim's own, sent again: answer it.
-            let step = machine::claim(Some(&record), request, now, Fence::MIN, owner)?;
-            if !matches!(step.answer, ClaimOutcome::Acquired { .. })
-                || matches!(step.write, Write::Nothing)
-            {
-                return Ok(step.answer);
-            }
-        }
-        Err(StoreError::Backend {
-            source: format!("the claim of {key} lost {CLAIM_ATTEMPTS} races in a row").into(),
-            retryable: true,
-        })
-    }
-
-    /// Runs a holder's statement (with `extra` parameters after the common six) and answers
-    /// with [`settle`]: `decide` is the state machine's transition, `written` the answer when
-    /// the statement wrote (it gets the new lease end).
-    #[allow(clippy::too_many_arguments)]
-    async fn holder<C: GenericClient, T>(
-        &self,
-        client: &C,
-        op: &'static str,
-        sql: &str,
-        lease: &Lease,
-        extra: &[&(dyn ToSql + Sync)],
-        decide: impl Fn(Option<&Record>, Timestamp) -> Result<Step<T>, StoreError>,
-        written: impl Fn(Timestamp) -> T,
-    ) -> Result<T, StoreError> {
-        let key = &lease.key;
-        let strict = self.inner.policy == LeasePolicy::Strict && op != "release";
-        let scope = key.scope.as_str();
-        let name = key.key.as_str();
-        let owner = lease.owner.to_string();
-        let fence = fence_param(lease.fence);
-        let fail = |e| from_pg(op, Duration::ZERO, e);
-        let statement = client.prepare_cached(sql).await.map_err(fail)?;
-        for _ in 0..CLAIM_ATTEMPTS {
-            let offset = self.offset();
-            let mut params: Vec<&(dyn ToSql + Sync)> =
-                vec![&scope, &name, &owner, &fence, &offset, &strict];
-            params.extend_from_slice(extra);
-            let row = client.query_one(&statement, &params).await.map_err(fail)?;
-            let existing = row::record(key, &row)?;
-            let now = row::now(key, &row)?;
-            let until: Option<SystemTime> = row
-                .try_get(row::NOW + 1)
-                .map_err(|e| protocol(e.to_string()))?;
-            let written = until
-                .map(|until| row::timestamp(key, until))
-                .transpose()?
-                .map(&written);
-            if let Some(answer) = settle(decide(existing.as_ref(), now), written) {
-                return answer;
-            }
-        }
-        Err(StoreError::Backend {
-            source: format!("the {op} of {key} lost {CLAIM_ATTEMPTS} races in a row").into(),
-            retryable: true,
-        })
-    }
-
-    async fn heartbeat_on<C: GenericClient>(
-        &self,
-        client: &C,
-        lease: &Lease,
-        extend: Duration,
-    ) -> Result<Lease, StoreError> {
-        let policy = self.inner.policy;
-        self.holder(
-            client,
-            "heartbeat",
-            &self.inner.sql.heartbeat,
-            lease,
-            &[&micros(extend)],
-            |existing, now| machine::heartbeat(existing, lease, extend, now, policy),
-            |until| Lease {
-                until,
-                ..lease.clone()
-            },
-        )
-        .await
-    }
-
-    async fn complete_on<C: GenericClient>(
-        &self,
-        client: &C,
-        lease: &Lease,
-        result: Bytes,
-        retention: Duration,
-    ) -> Result<(), StoreError> {
-        let policy = self.inner.policy;
-        let bytes: &[u8] = &result;
-        self.holder(
-            client,
-            "complete",
-            &self.inner.sql.complete,
-            lease,
-            &[&micros(retention), &bytes],
-            // The machine only decides; the result it would store is not needed.
-            |existing, now| {
-                machine::complete(existing, lease, Bytes::new(), retention, now, policy)
-            },
-            |_| (),
-        )
-        .await
-    }
-
-    async fn fail_on<C: GenericClient>(
-        &self,
-        client: &C,
-        lease: &Lease,
-        failure: Failure,
-        retention: Duration,
-    ) -> Result<(), StoreError> {
-        let policy = self.inner.policy;
-        self.holder(
-            client,
-            "fail",
-            &self.inner.sql.fail,
-            lease,
-            &[
-                &micros(retention),
-                &failure.retryable,
-                &failure.message.as_str(),
-            ],
-            |existing, now| machine::fail(existing, lease, failure.clone(), retention, now, policy),
-            |_| (),
-        )
-        .await
-    }
-
-    async fn release_on<C: GenericClient>(
-        &self,
-        client: &C,
-        lease: &Lease,
-    ) -> Result<(), StoreError> {
-        self.holder(
-            client,
-            "release",
-            &self.inner.sql.release,
-            lease,
-            &[],
-            |existing, now| machine::release(existing, lease, now),
-            |_| (),
-        )
-        .await
-    }
 }
 
 /// Prepares (once per connection) and runs a statement that returns exactly one row.
-async fn query_one<C: GenericClient>(
+pub(crate) async fn query_one<C: GenericClient>(
     client: &C,
     op: &'static str,
     sql: &str,

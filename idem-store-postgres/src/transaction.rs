@@ -1,0 +1,87 @@
+//! The transitions in the caller's own transaction: [`PostgresStore::claim_in`] and its
+//! siblings, so that a business write and the record's claim or completion commit together.
+
+use std::time::Duration;
+
+use deadpool_postgres::Transaction;
+use idem_core::{Bytes, ClaimOutcome, ClaimRequest, Failure, Lease, StoreError};
+
+#[cfg(doc)]
+use idem_core::Store;
+
+use crate::error::from_pg;
+use crate::store::PostgresStore;
+
+impl PostgresStore {
+    /// [`Store::claim`] inside the caller's transaction: the claim becomes visible (and
+    /// binding) only when `tx` commits, together with the caller's own writes; a rollback
+    /// undoes it. While `tx` is open, other claims of the same key wait for it.
+    ///
+    /// `tx` must run at `READ COMMITTED` (PostgreSQL's default): a claim that lost a race
+    /// re-reads the record, which a repeatable-read snapshot would not show.
+    ///
+    /// # Errors
+    /// As [`Store::claim`].
+    pub async fn claim_in(
+        &self,
+        tx: &Transaction<'_>,
+        request: &ClaimRequest,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.timed("claim", self.claim_on(tx, request)).await
+    }
+
+    /// Commits `tx`, the caller's transaction that [`PostgresStore::claim_in`] and its siblings
+    /// took part in, within the operation timeout, its errors mapped as every operation's. A
+    /// commit that fails or times out may or may not have taken effect.
+    ///
+    /// # Errors
+    /// [`StoreError::Timeout`] past the operation timeout, [`StoreError::Unavailable`] for a
+    /// lost connection, [`StoreError::Backend`] for what the server refused (a serialization
+    /// failure is retryable).
+    pub async fn commit(&self, tx: Transaction<'_>) -> Result<(), StoreError> {
+        let after = self.inner.op_timeout;
+        self.timed("commit", async move {
+            tx.commit().await.map_err(|e| from_pg("commit", after, e))
+        })
+        .await
+    }
+
+    /// [`Store::complete`] inside the caller's transaction: the result is recorded if and only
+    /// if `tx` commits, so the business write made in `tx` and the completion commit together.
+    ///
+    /// # Errors
+    /// As [`Store::complete`].
+    pub async fn complete_in(
+        &self,
+        tx: &Transaction<'_>,
+        lease: &Lease,
+        result: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.timed("complete", self.complete_on(tx, lease, result, retention))
+            .await
+    }
+
+    /// [`Store::fail`] inside the caller's transaction.
+    ///
+    /// # Errors
+    /// As [`Store::fail`].
+    pub async fn fail_in(
+        &self,
+        tx: &Transaction<'_>,
+        lease: &Lease,
+        failure: Failure,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.timed("fail", self.fail_on(tx, lease, failure, retention))
+            .await
+    }
+
+    /// [`Store::release`] inside the caller's transaction.
+    ///
+    /// # Errors
+    /// As [`Store::release`].
+    pub async fn release_in(&self, tx: &Transaction<'_>, lease: &Lease) -> Result<(), StoreError> {
+        self.timed("release", self.release_on(tx, lease)).await
+    }
+}
