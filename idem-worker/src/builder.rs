@@ -25,6 +25,10 @@ pub enum ConfigError {
         /// The lease.
         lease: Duration,
     },
+    /// A retention is zero: the result (or permanent failure) would be forgotten at once, and
+    /// a duplicate delivered after the job would run it again.
+    #[error("{0} is zero: a duplicate delivered after the job would run it again")]
+    ZeroRetention(&'static str),
 }
 
 /// Builds a [`JobGuard`]. Made by [`JobGuard::builder`].
@@ -151,10 +155,19 @@ impl JobGuardBuilder {
     /// The guard.
     ///
     /// # Errors
-    /// [`ConfigError`] if the lease is zero or the heartbeat interval is not below the lease.
+    /// [`ConfigError`] if the lease or a retention is zero, or the heartbeat interval is not
+    /// below the lease.
     pub fn build(self) -> Result<JobGuard, ConfigError> {
         if self.lease < Duration::from_millis(1) {
             return Err(ConfigError::ZeroLease);
+        }
+        for (retention, what) in [
+            (self.retention, "the retention"),
+            (self.failure_retention, "the failure retention"),
+        ] {
+            if retention.is_zero() {
+                return Err(ConfigError::ZeroRetention(what));
+            }
         }
         let heartbeat = self.heartbeat.unwrap_or(self.lease / 3);
         if heartbeat.is_zero() || heartbeat >= self.lease {
@@ -181,5 +194,35 @@ impl JobGuardBuilder {
                 settle_tries: self.settle_tries,
             }),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use idem_store_memory::MemoryStore;
+
+    use super::*;
+
+    #[test]
+    fn zero_durations_are_refused() {
+        let builder = || JobGuard::builder(Arc::new(MemoryStore::new()));
+        assert!(matches!(
+            builder().lease(Duration::ZERO).build(),
+            Err(ConfigError::ZeroLease)
+        ));
+        assert!(matches!(
+            builder().retention(Duration::ZERO).build(),
+            Err(ConfigError::ZeroRetention("the retention"))
+        ));
+        assert!(matches!(
+            builder().failure_retention(Duration::ZERO).build(),
+            Err(ConfigError::ZeroRetention("the failure retention"))
+        ));
+        assert!(
+            builder()
+                .retention(Duration::from_millis(1))
+                .build()
+                .is_ok()
+        );
     }
 }
