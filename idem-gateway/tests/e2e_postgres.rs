@@ -84,9 +84,9 @@ async fn keys_and_store_commands_see_what_the_gateway_recorded() {
     if !require_tcp("PostgreSQL", &host_port(&url)) {
         return;
     }
-    let name = format!("idem_gw_{:016x}", rand_u64());
+    let name = shared_store::unique_name("idem_gw_");
     let _schema = Schema(name.clone());
-    let store_section = format!("[store]\nurl = \"{url}\"\nnamespace = \"{name}\"\n");
+    let store_section = shared_store::store_section(&url, &name);
     let file = std::env::temp_dir().join(format!("{name}.toml"));
     std::fs::write(&file, &store_section).unwrap();
 
@@ -168,8 +168,8 @@ async fn keys_and_store_commands_see_what_the_gateway_recorded() {
 
 /// A fresh schema, dropped at the end of the test, and the `[store]` section naming it.
 fn fresh_store() -> (Schema, String) {
-    let name = format!("idem_gw_{:016x}", rand_u64());
-    let section = format!("[store]\nurl = \"{}\"\nnamespace = \"{name}\"\n", url());
+    let name = shared_store::unique_name("idem_gw_");
+    let section = shared_store::store_section(&url(), &name);
     (Schema(name), section)
 }
 
@@ -212,9 +212,4 @@ async fn a_gateway_killed_mid_request_on_postgres_is_taken_over_after_the_lease(
         &schema.0, &store, connect,
     )
     .await;
-}
-
-fn rand_u64() -> u64 {
-    use std::hash::{BuildHasher, RandomState};
-    RandomState::new().hash_one(std::process::id())
 }

@@ -25,19 +25,12 @@ fn redis_up() -> bool {
 
 /// A namespace of its own for each test.
 fn namespace(test: &str) -> String {
-    use std::hash::{BuildHasher, RandomState};
-    format!(
-        "gw-{test}-{:x}",
-        RandomState::new().hash_one(std::process::id())
-    )
+    shared_store::unique_name(&format!("gw-{test}-"))
 }
 
 /// The `[store]` section of a test: the Redis server and `namespace`.
 fn store_section(namespace: &str) -> String {
-    format!(
-        "[store]\nurl = \"{}\"\nnamespace = \"{namespace}\"\n",
-        url()
-    )
+    shared_store::store_section(&url(), namespace)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,19 +15,12 @@ use idem_testkit::redis_server::Cluster;
 
 /// A namespace of its own for each test.
 fn namespace(test: &str) -> String {
-    use std::hash::{BuildHasher, RandomState};
-    format!(
-        "gw-cluster-{test}-{:x}",
-        RandomState::new().hash_one(std::process::id())
-    )
+    shared_store::unique_name(&format!("gw-cluster-{test}-"))
 }
 
 /// The `[store]` section of a test: the Cluster and `namespace`.
 fn store_section(cluster: &Cluster, namespace: &str) -> String {
-    format!(
-        "[store]\nurl = \"{}\"\nnamespace = \"{namespace}\"\n",
-        cluster.url()
-    )
+    shared_store::store_section(&cluster.url(), namespace)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,6 +15,20 @@ use idem_core::{IdempotencyKey, RecordKey, State, Store};
 
 use super::{Fixture, Http, Proc, config, spawn_gateway};
 
+/// A name of the test's own (a namespace, a schema): `prefix` and a random suffix.
+pub fn unique_name(prefix: &str) -> String {
+    use std::hash::{BuildHasher, RandomState};
+    format!(
+        "{prefix}{:016x}",
+        RandomState::new().hash_one(std::process::id())
+    )
+}
+
+/// The `[store]` section naming the store at `url` and `namespace`.
+pub fn store_section(url: &str, namespace: &str) -> String {
+    format!("[store]\nurl = \"{url}\"\nnamespace = \"{namespace}\"\n")
+}
+
 /// A config file in the temporary folder, removed when dropped.
 pub struct ConfigFile(PathBuf);
 
