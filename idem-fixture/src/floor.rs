@@ -21,6 +21,7 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderValue, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use idem_core::Fingerprint;
+use idem_http::fingerprint::request_fingerprint;
 
 /// What the floor keeps per key.
 enum Entry {
@@ -91,9 +92,8 @@ where
             let Ok(bytes) = axum::body::to_bytes(body, 1 << 20).await else {
                 return Ok(StatusCode::PAYLOAD_TOO_LARGE.into_response());
             };
-            let path = parts.uri.path_and_query().map_or("", |p| p.as_str());
-            let fingerprint =
-                Fingerprint::of(&[parts.method.as_str().as_bytes(), path.as_bytes(), &bytes]);
+            // The layer's own fingerprint: the floor pays for the same hashing.
+            let fingerprint = request_fingerprint(&parts.method, &parts.uri, &bytes);
             {
                 let mut records = records.lock().unwrap_or_else(PoisonError::into_inner);
                 match records.get(&key) {
