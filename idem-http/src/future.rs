@@ -12,6 +12,7 @@ use tokio::sync::oneshot;
 
 use crate::body::ResponseBody;
 use crate::detach::Detached;
+use crate::fields;
 use crate::layer::Shared;
 use crate::metrics;
 use crate::outcome::Outcome;
@@ -107,6 +108,8 @@ where
                 let result = ready!(future.poll(cx));
                 metrics::request(Outcome::Bypassed);
                 let mut response = result?.map(ResponseBody::inner);
+                // Only idem marks a replay, also where it does not handle the request.
+                fields::remove_idem_fields(response.headers_mut());
                 response.extensions_mut().insert(Outcome::Bypassed);
                 Poll::Ready(Ok(response))
             }

@@ -64,6 +64,10 @@
 //! - Response trailers are stored, filtered like headers, and a replay ends with them (even
 //!   one whose body was omitted), named in its `Trailer` header for HTTP/1.1: a gRPC response
 //!   (`grpc-status` in its trailers) replays as it was answered, an error status included.
+//!   A handler's trailers lose their hop-by-hop and framing fields on the way to the first
+//!   caller and the record ([`fields`]), so the replay's trailers are the first caller's.
+//! - Only the layer sets `Idempotent-Replayed`, `Idempotency-Replay` and `Idempotency-Status`:
+//!   a handler's own are removed from every response of a fresh run and never stored.
 //! - A store that cannot be reached is 503 with `Retry-After`, the handler not run (fail
 //!   closed), or the handler runs and the response carries `Idempotency-Status: unrecorded`
 //!   ([`StoreFailure::FailOpen`]).
@@ -85,6 +89,7 @@ pub mod codec;
 pub mod config;
 mod context;
 mod detach;
+pub mod fields;
 pub mod fingerprint;
 mod future;
 pub mod header;

@@ -6,6 +6,7 @@ use idem_core::Record;
 
 use crate::body::ResponseBody;
 use crate::codec;
+use crate::fields;
 use crate::layer::Shared;
 use crate::outcome::Outcome;
 use crate::rejection::Rejection;
@@ -31,7 +32,7 @@ pub(crate) fn replay<B>(shared: &Shared, record: &Record) -> Response<ResponseBo
     let omitted = stored.body.is_none();
     // `Trailer` names them, as the original response did (it is never stored: it describes
     // the message, not the resource): an HTTP/1.1 server sends only the trailers it names.
-    let announced = trailer_header(&stored.trailers);
+    let announced = fields::trailer_value(stored.trailers.iter().map(|(name, _)| name));
     // The stored trailers are the last frame, after the body (or alone, if it was omitted).
     let trailers = (!stored.trailers.is_empty()).then(|| {
         let mut trailers = HeaderMap::with_capacity(stored.trailers.len());
@@ -64,19 +65,4 @@ pub(crate) fn replay<B>(shared: &Shared, record: &Record) -> Response<ResponseBo
     );
     response.extensions_mut().insert(Outcome::Replayed);
     response
-}
-
-/// The `Trailer` header that names `trailers` (each name once, in order), or `None` without
-/// trailers.
-fn trailer_header(trailers: &[(HeaderName, HeaderValue)]) -> Option<HeaderValue> {
-    let mut names: Vec<&str> = Vec::with_capacity(trailers.len());
-    for (name, _) in trailers {
-        if !names.contains(&name.as_str()) {
-            names.push(name.as_str());
-        }
-    }
-    if names.is_empty() {
-        return None;
-    }
-    HeaderValue::from_str(&names.join(", ")).ok()
 }

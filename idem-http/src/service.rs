@@ -23,6 +23,7 @@ use crate::codec::StoredResponse;
 use crate::config::{Config, KeyPolicy, StoreFailure};
 use crate::context::IdempotencyContext;
 use crate::detach::Detached;
+use crate::fields;
 use crate::fingerprint::request_fingerprint;
 use crate::future::ResponseFuture;
 use crate::header::parse_header;
@@ -388,7 +389,10 @@ async fn run_unrecorded<S, ReqBody, ResBody>(
     let answer = inner
         .call(Request::from_parts(parts, ReqBody::from(bytes)))
         .await
-        .map(|response| unrecorded(response.map(ResponseBody::inner)));
+        .map(|mut response| {
+            fields::settle_head(response.headers_mut());
+            unrecorded(response.map(ResponseBody::inner))
+        });
     reply.send(answer);
 }
 
@@ -442,7 +446,7 @@ async fn drive<S, ReqBody, ResBody>(
     ResBody::Error: Into<BoxError> + Send,
 {
     let mut claim = Claim::new(shared.clone(), lease);
-    let response = match claim.beating(inner.call(request)).await {
+    let mut response = match claim.beating(inner.call(request)).await {
         Ok(response) => response,
         Err(error) => {
             claim.release("handler_error").await;
@@ -450,6 +454,7 @@ async fn drive<S, ReqBody, ResBody>(
             return;
         }
     };
+    fields::settle_head(response.headers_mut());
     let status = response.status();
     if !shared.config.stores_status(status) {
         claim.release("status").await;
@@ -468,7 +473,7 @@ async fn drive<S, ReqBody, ResBody>(
         match claim.beating(body.collect()).await {
             Ok(collected) => {
                 // The trailers go to this caller and, filtered as headers are, to the record.
-                let trailers = collected.trailers().cloned();
+                let trailers = collected.trailers().cloned().map(fields::settled_trailers);
                 let stored_trailers = trailers
                     .as_ref()
                     .map(|t| shared.config.storable_headers(t))
@@ -509,7 +514,7 @@ async fn drive<S, ReqBody, ResBody>(
     let mut trailers = Vec::new();
     let mut body = std::pin::pin!(body);
     while let Some(frame) = claim.beating(body.frame()).await {
-        match frame {
+        match frame.map(fields::settle_frame) {
             Ok(frame) => {
                 if let Some(data) = frame.data_ref() {
                     captured_len = captured_len.saturating_add(data.len());

@@ -131,29 +131,51 @@ async fn post_reading_trailers(
     (parts, collected.to_bytes(), trailers)
 }
 
-/// Over real HTTP/2 (where trailers travel as a last HEADERS frame), a handler's trailers
-/// reach the first caller and, stored with the response, the caller of a replay.
-#[tokio::test]
-async fn a_replay_over_http2_carries_the_trailers() {
+/// Serves, behind the layer on a memory store, a handler that answers `paid` and then the
+/// trailers `trailers` makes of the run's number (from 1), with the headers `head` sets: its
+/// address, the accept loop to abort at the end, and the count of runs.
+async fn serve_paid_with_trailers(
+    trailers: fn(u64) -> http::HeaderMap,
+    head: fn(&mut http::HeaderMap),
+) -> (
+    std::net::SocketAddr,
+    tokio::task::JoinHandle<()>,
+    Arc<AtomicU64>,
+) {
     let counter = Arc::new(AtomicU64::new(0));
     let runs = counter.clone();
     let handler = tower::service_fn(move |_: Request<RequestBody<Incoming>>| {
-        let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+        let trailers = trailers(runs.fetch_add(1, Ordering::SeqCst) + 1);
         async move {
-            let mut trailers = http::HeaderMap::new();
-            trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
-            trailers.insert("x-run", http::HeaderValue::from(n));
             let body = Full::new(Bytes::from_static(b"paid"))
                 .with_trailers(async move { Some(Ok::<_, Infallible>(trailers)) });
-            Ok::<_, hyper::Error>(Response::new(body))
+            let mut response = Response::new(body);
+            head(response.headers_mut());
+            Ok::<_, hyper::Error>(response)
         }
     });
     let service = ServiceBuilder::new()
         .map_request(|request: Request<Incoming>| request.map(RequestBody::new))
         .layer(IdempotencyLayer::new(MemoryStore::new()))
         .service(handler);
-
     let (addr, server) = serve(service).await;
+    (addr, server, counter)
+}
+
+/// Over real HTTP/2 (where trailers travel as a last HEADERS frame), a handler's trailers
+/// reach the first caller and, stored with the response, the caller of a replay.
+#[tokio::test]
+async fn a_replay_over_http2_carries_the_trailers() {
+    let (addr, server, counter) = serve_paid_with_trailers(
+        |n| {
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+            trailers.insert("x-run", http::HeaderValue::from(n));
+            trailers
+        },
+        |_| {},
+    )
+    .await;
 
     let client = Client::builder(TokioExecutor::new())
         .http2_only(true)
@@ -186,31 +208,20 @@ async fn a_replay_over_http2_carries_the_trailers() {
 /// stored), so hyper dropped the trailers.
 #[tokio::test]
 async fn a_replay_over_http1_carries_the_trailers() {
-    let counter = Arc::new(AtomicU64::new(0));
-    let runs = counter.clone();
-    let handler = tower::service_fn(move |_: Request<RequestBody<Incoming>>| {
-        let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
-        async move {
+    let (addr, server, counter) = serve_paid_with_trailers(
+        |n| {
             let mut trailers = http::HeaderMap::new();
             trailers.insert("x-run", http::HeaderValue::from(n));
             trailers.append("x-sum", http::HeaderValue::from_static("a"));
             trailers.append("x-sum", http::HeaderValue::from_static("b"));
-            let body = Full::new(Bytes::from_static(b"paid"))
-                .with_trailers(async move { Some(Ok::<_, Infallible>(trailers)) });
-            let mut response = Response::new(body);
-            response.headers_mut().insert(
-                http::header::TRAILER,
-                http::HeaderValue::from_static("x-run, x-sum"),
-            );
-            Ok::<_, hyper::Error>(response)
-        }
-    });
-    let service = ServiceBuilder::new()
-        .map_request(|request: Request<Incoming>| request.map(RequestBody::new))
-        .layer(IdempotencyLayer::new(MemoryStore::new()))
-        .service(handler);
-
-    let (addr, server) = serve(service).await;
+            trailers
+        },
+        |head| {
+            let announced = http::HeaderValue::from_static("x-run, x-sum");
+            head.insert(http::header::TRAILER, announced);
+        },
+    )
+    .await;
 
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let send = || post_reading_trailers(&client, addr, "\"h1\"", http::Version::HTTP_11);
@@ -232,5 +243,72 @@ async fn a_replay_over_http1_carries_the_trailers() {
     let sums: Vec<_> = replay_trailers.get_all("x-sum").iter().collect();
     assert_eq!(sums, ["a", "b"]);
     assert_eq!(counter.load(Ordering::SeqCst), 1);
+    server.abort();
+}
+
+/// The headers only idem sets.
+const FORGED: [&str; 3] = [
+    "idempotent-replayed",
+    "idempotency-replay",
+    "idempotency-status",
+];
+
+/// A handler's own `Idempotent-Replayed`, `Idempotency-Replay` and `Idempotency-Status` reach
+/// no caller of a fresh run (keyed or not) and are not stored: only the layer sets them. Its
+/// trailers lose their connection fields (an HTTP/2 peer resets a stream whose trailers hold
+/// one), so the first caller gets the whole response and the replay's trailers are its own.
+/// Before, the forged headers were passed on, stored and replayed, and the first caller got
+/// DATA and then RST_STREAM.
+#[tokio::test]
+async fn a_handlers_replay_headers_and_connection_trailers_never_reach_a_caller() {
+    let (addr, server, counter) = serve_paid_with_trailers(
+        |n| {
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("connection", http::HeaderValue::from_static("x-hop"));
+            trailers.insert("x-hop", http::HeaderValue::from_static("v"));
+            trailers.insert("keep-alive", http::HeaderValue::from_static("v"));
+            trailers.insert("x-run", http::HeaderValue::from(n));
+            trailers
+        },
+        |head| {
+            for name in FORGED {
+                head.insert(name, http::HeaderValue::from_static("true"));
+            }
+        },
+    )
+    .await;
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+
+    let (first, first_body, first_trailers) =
+        post_reading_trailers(&client, addr, "\"forged\"", http::Version::HTTP_2).await;
+    assert_eq!(first_body, "paid");
+    for name in FORGED {
+        assert!(
+            first.headers.get(name).is_none(),
+            "{name}: {:?}",
+            first.headers
+        );
+    }
+    let first_trailers = first_trailers.expect("the first caller's trailers");
+    assert_eq!(first_trailers.len(), 1, "{first_trailers:?}");
+    assert_eq!(first_trailers["x-run"], "1");
+
+    let (replay, _, replay_trailers) =
+        post_reading_trailers(&client, addr, "\"forged\"", http::Version::HTTP_2).await;
+    assert_eq!(replay.headers["idempotent-replayed"], "true");
+    assert!(replay.headers.get("idempotency-replay").is_none());
+    assert!(replay.headers.get("idempotency-status").is_none());
+    assert_eq!(replay_trailers, Some(first_trailers));
+
+    let unkeyed = Request::post(format!("http://{addr}/pay"))
+        .body(Full::new(Bytes::from_static(b"10 EUR")))
+        .unwrap();
+    let unkeyed = client.request(unkeyed).await.unwrap();
+    for name in FORGED {
+        assert!(unkeyed.headers().get(name).is_none(), "{name}");
+    }
+    assert_eq!(counter.load(Ordering::SeqCst), 2);
     server.abort();
 }
