@@ -2,14 +2,16 @@
 //! idempotency layer read to fingerprint it) and [`GatewayBody`] (every response).
 
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
+use http::HeaderName;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use idem_core::BoxError;
+use idem_http::fields::strip_trailer_fields;
 
 /// The body of every response the gateway sends.
 pub type GatewayBody = UnsyncBoxBody<Bytes, BoxError>;
@@ -67,6 +69,85 @@ impl<B: Body + Unpin, G: Unpin> Body for Guarded<B, G> {
             this.guard = None;
         }
         polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// A body whose trailers lose their connection and framing fields
+/// ([`strip_trailer_fields`]) and, where the head's `Trailer` announced a list, the fields it
+/// did not announce; a trailer section left empty is not sent. Both ways through the gateway:
+/// an HTTP/2 peer resets a stream whose trailers hold a connection field, and an HTTP/1.1
+/// peer could take one for its own.
+#[derive(Debug)]
+pub struct SettledTrailers<B> {
+    body: B,
+    announced: Option<Vec<HeaderName>>,
+}
+
+impl<B> SettledTrailers<B> {
+    /// `body`, its trailers stripped of connection and framing fields.
+    pub fn new(body: B) -> Self {
+        SettledTrailers {
+            body,
+            announced: None,
+        }
+    }
+
+    /// `body`, its trailers stripped, and only the fields in `announced` kept: an HTTP/1.1
+    /// server sends only the trailers its `Trailer` header announces, so an HTTP/2 client, an
+    /// HTTP/1.1 client and a replay all get the same ones.
+    pub fn announced(body: B, announced: Vec<HeaderName>) -> Self {
+        SettledTrailers {
+            body,
+            announced: Some(announced),
+        }
+    }
+
+    /// The body inside.
+    pub fn get_mut(&mut self) -> &mut B {
+        &mut self.body
+    }
+}
+
+impl<B: Body + Unpin> Body for SettledTrailers<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let this = self.get_mut();
+        loop {
+            let mut frame = match ready!(Pin::new(&mut this.body).poll_frame(cx)) {
+                Some(Ok(frame)) => frame,
+                other => return Poll::Ready(other),
+            };
+            if let Some(trailers) = frame.trailers_mut() {
+                strip_trailer_fields(trailers);
+                if let Some(announced) = &this.announced {
+                    let unannounced: Vec<HeaderName> = trailers
+                        .keys()
+                        .filter(|name| !announced.contains(name))
+                        .cloned()
+                        .collect();
+                    for name in unannounced {
+                        trailers.remove(name);
+                    }
+                }
+                if trailers.is_empty() {
+                    continue;
+                }
+            }
+            return Poll::Ready(Some(Ok(frame)));
+        }
     }
 
     fn is_end_stream(&self) -> bool {

@@ -1,6 +1,7 @@
 //! [`Gateway`]: matches a request to its route, runs it through that route's idempotency layer
 //! (idem-http) over the [`Proxy`], and turns an upstream failure into 502, 503 or 504 (also
-//! one the layer saw as a response body that failed: `Rejection::ResponseBodyFailed`).
+//! one the layer saw as a response body that failed: `Rejection::ResponseBodyFailed`). Every
+//! answer is in the client's HTTP version, whatever the upstream spoke.
 
 use std::future::poll_fn;
 use std::net::SocketAddr;
@@ -30,7 +31,7 @@ pub mod metric {
     /// Request duration until the response head, by route, histogram (seconds).
     pub const DURATION: &str = "idem_gateway_request_duration_seconds";
     /// Upstream failures by kind (`unreachable`, `connect_timeout`, `timeout`, `failed`: a
-    /// malformed response or a response body broken off, `shutting_down`), counter.
+    /// malformed response, a response body broken off or a 101, `shutting_down`), counter.
     pub const UPSTREAM_ERRORS: &str = "idem_gateway_upstream_errors_total";
     /// Requests the gateway refused before any route, by reason (`host`: a missing, repeated
     /// or malformed `Host`; `above_root`: a path that climbs above `/`; `no_path`: a request
@@ -205,6 +206,21 @@ impl Gateway {
         client: SocketAddr,
     ) -> Response<GatewayBody> {
         let start = Instant::now();
+        let version = request.version();
+        let mut response = self.route(request, client, start).await;
+        // The gateway answers in the client's version, whatever the upstream speaks: an
+        // HTTP/1.0 upstream's status line would make an HTTP/1.1 client close the connection.
+        *response.version_mut() = version;
+        response
+    }
+
+    /// Answers one request, in the version the upstream or the layer gave the response.
+    async fn route(
+        &self,
+        request: Request<Incoming>,
+        client: SocketAddr,
+        start: Instant,
+    ) -> Response<GatewayBody> {
         let (mut parts, body) = request.into_parts();
         if let Err(reason) = settle_host(&mut parts) {
             self.refused[Refused::Host as usize].increment(1);

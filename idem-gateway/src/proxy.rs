@@ -1,13 +1,16 @@
 //! [`Proxy`]: the service at the bottom of every route. It forwards a request to the upstream
-//! over a pooled keep-alive client (bodies streamed both ways), strips hop-by-hop headers, sets
-//! `X-Forwarded-For`, `-Proto` and `-Host`, keeps `Host`, and bounds the wait for the
-//! upstream's answer.
+//! over a pooled keep-alive client (bodies streamed both ways), strips hop-by-hop headers (and
+//! hop-by-hop and framing fields from the trailers, both ways), removes the upstream's own
+//! replay headers, sets `X-Forwarded-For`, `-Proto` and `-Host`, keeps `Host`, and bounds the
+//! wait for the upstream's answer.
 //!
 //! An upstream that cannot be reached or answers too late is an `Err` ([`ProxyError`]), not a
 //! response: the idempotency layer releases the key on an error (so a retry runs again, whatever
 //! `store_server_errors` says), and the gateway turns the error into 502 or 504. An upstream
 //! that breaks off its response body is counted and logged by its [`UpstreamBody`]; the layer
-//! answers it `Rejection::ResponseBodyFailed`, which the gateway turns into 502 too.
+//! answers it `Rejection::ResponseBodyFailed`, which the gateway turns into 502 too. A body that
+//! breaks before its first frame, and a 101 (the gateway carries no protocol switch), are an
+//! `Err` as well: the head is passed on only once the first frame (or the end) has come.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -21,26 +24,34 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri};
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idem_core::BoxError;
+use idem_http::fields::{clean_trailer_header, remove_connection_fields, remove_idem_fields};
 use metrics::Counter;
 use tokio::sync::{Notify, watch};
 use tower_service::Service;
 
-use crate::body::{Guarded, RequestBody};
+use crate::body::{Guarded, RequestBody, SettledTrailers};
 use crate::config::UpstreamConfig;
 use crate::gateway::metric;
 
 /// The body of an upstream response. It holds its in-flight guard until it ends, and when the
 /// upstream breaks it off (a connection closed before the `Content-Length` it announced, a
 /// malformed chunk) it counts the failure in `idem_gateway_upstream_errors_total{kind="failed"}`
-/// and logs it.
+/// and logs it. Its trailers are settled ([`SettledTrailers`]): only the fields the head's
+/// `Trailer` announced, without connection or framing fields. Its first frame may have been
+/// read ahead, before the head was passed on ([`Proxy::forward`]).
 #[derive(Debug)]
 pub struct UpstreamBody {
-    body: Guarded<Incoming, InFlightGuard>,
+    body: Guarded<SettledTrailers<Incoming>, InFlightGuard>,
+    /// The first frame, read before the head was passed on.
+    first: Option<Frame<Bytes>>,
+    /// The body ended while its first frame was read.
+    ended: bool,
     shared: Arc<ProxyShared>,
 }
 
@@ -54,6 +65,21 @@ impl UpstreamBody {
         };
         tracing::warn!(error = %failure, "the upstream broke off its response body");
     }
+
+    /// Reads the first frame (or the end) ahead, so that an upstream whose body breaks before
+    /// its first byte gets the client a 502 rather than a head with nothing after it. The error
+    /// is returned, neither counted nor logged: the caller answers it as a [`ProxyError`].
+    async fn read_first(&mut self) -> Result<(), hyper::Error> {
+        if self.body.is_end_stream() {
+            return Ok(());
+        }
+        match self.body.frame().await {
+            Some(Ok(frame)) => self.first = Some(frame),
+            Some(Err(error)) => return Err(error),
+            None => self.ended = true,
+        }
+        Ok(())
+    }
 }
 
 impl Body for UpstreamBody {
@@ -65,6 +91,12 @@ impl Body for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
+        if let Some(frame) = this.first.take() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        if this.ended {
+            return Poll::Ready(None);
+        }
         let polled = Pin::new(&mut this.body).poll_frame(cx);
         if let Poll::Ready(Some(Err(error))) = &polled {
             this.broke(error);
@@ -73,11 +105,25 @@ impl Body for UpstreamBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.first.is_none() && (self.ended || self.body.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        let first = self
+            .first
+            .as_ref()
+            .and_then(Frame::data_ref)
+            .map_or(0, |data| data.len() as u64);
+        if self.ended {
+            return SizeHint::with_exact(first);
+        }
+        let rest = self.body.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower().saturating_add(first));
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper.saturating_add(first));
+        }
+        hint
     }
 }
 
@@ -132,6 +178,13 @@ pub enum ProxyError {
         #[source]
         source: BoxError,
     },
+    /// The upstream answered 101 (Switching Protocols): the gateway asks for no protocol
+    /// change and carries none, so it is a failed exchange: 502.
+    #[error("the upstream {upstream} switched protocols, which the gateway does not carry")]
+    SwitchedProtocols {
+        /// The upstream.
+        upstream: String,
+    },
     /// The gateway is shutting down and its grace period is over: 503.
     #[error("the gateway is shutting down")]
     ShuttingDown,
@@ -142,7 +195,9 @@ impl ProxyError {
     #[must_use]
     pub fn status(&self) -> StatusCode {
         match self {
-            ProxyError::Unreachable { .. } | ProxyError::Failed { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::Unreachable { .. }
+            | ProxyError::Failed { .. }
+            | ProxyError::SwitchedProtocols { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::ConnectTimeout { .. } | ProxyError::Timeout { .. } => {
                 StatusCode::GATEWAY_TIMEOUT
             }
@@ -157,7 +212,8 @@ impl ProxyError {
             ProxyError::Unreachable { .. } => "unreachable",
             ProxyError::ConnectTimeout { .. } => "connect_timeout",
             ProxyError::Timeout { .. } => "timeout",
-            ProxyError::Failed { .. } => "failed",
+            // A malformed exchange, as far as the gateway is concerned.
+            ProxyError::Failed { .. } | ProxyError::SwitchedProtocols { .. } => "failed",
             ProxyError::ShuttingDown => "shutting_down",
         }
     }
@@ -178,6 +234,9 @@ impl ProxyError {
                 humantime::format_duration(*after)
             ),
             ProxyError::Failed { .. } => "the upstream broke off the exchange".to_owned(),
+            ProxyError::SwitchedProtocols { .. } => {
+                "the upstream switched protocols, which the gateway does not carry".to_owned()
+            }
             ProxyError::ShuttingDown => {
                 "the gateway is shutting down: retry after the delay in Retry-After".to_owned()
             }
@@ -192,6 +251,7 @@ impl ProxyError {
             ProxyError::ConnectTimeout { .. } => "ConnectTimeout",
             ProxyError::Timeout { .. } => "Timeout",
             ProxyError::Failed { .. } => "Failed",
+            ProxyError::SwitchedProtocols { .. } => "SwitchedProtocols",
             ProxyError::ShuttingDown => "ShuttingDown",
         }
     }
@@ -301,7 +361,7 @@ pub struct Proxy {
 
 #[derive(Debug)]
 struct ProxyShared {
-    client: Client<HttpConnector, RequestBody>,
+    client: Client<HttpConnector, SettledTrailers<RequestBody>>,
     upstream: UpstreamConfig,
     name: String,
     tracker: Tracker,
@@ -309,36 +369,19 @@ struct ProxyShared {
     body_errors: Counter,
 }
 
-/// Headers that describe one connection (RFC 9110 section 7.6.1) or speak to the next proxy
-/// only (`Proxy-Authorization` and `Proxy-Authenticate`, RFC 9110 section 11.7), never
-/// forwarded either way. `Trailer` is not among them: it announces the trailer fields of the
-/// message, end to end, and an HTTP/1.1 server sends trailers only where it is set.
-const HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHORIZATION,
-    header::PROXY_AUTHENTICATE,
-    header::TE,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
+/// Headers that speak to the next proxy only (RFC 9110 section 11.7), never forwarded either
+/// way, besides the connection fields.
+const PROXY_ONLY: [HeaderName; 2] = [header::PROXY_AUTHORIZATION, header::PROXY_AUTHENTICATE];
 
-/// Removes hop-by-hop headers, and the headers the `Connection` header names, but `Host`: the
-/// target of a request is end to end (RFC 9112 section 3.2), and the gateway keeps it whatever
-/// a client's `Connection` says.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
-        .filter(|name| *name != header::HOST)
-        .collect();
-    for name in named.iter().chain(HOP_BY_HOP.iter()) {
-        headers.remove(name);
-    }
+/// Removes hop-by-hop headers (idem-http's [`idem_http::fields::CONNECTION_FIELDS`]),
+/// the headers the `Connection` header names but `Host` (the target of a request is end to
+/// end, RFC 9112 section 3.2), and the proxy authentication headers. `Trailer` stays, as it
+/// announces the message's trailers end to end, but names only fields a trailer section may
+/// carry ([`clean_trailer_header`]); the names it keeps are returned.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) -> Vec<HeaderName> {
+    let announced = clean_trailer_header(headers);
+    remove_connection_fields(headers, &PROXY_ONLY);
+    announced
 }
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -441,20 +484,79 @@ impl Proxy {
         }
     }
 
-    /// Forwards `request` and returns the upstream's response, hop-by-hop headers removed.
+    /// Forwards `request` and returns the upstream's response, hop-by-hop headers removed
+    /// both ways (from the trailers too), and the upstream's own `Idempotent-Replayed`,
+    /// `Idempotency-Replay` and `Idempotency-Status` removed (only idem sets them). The
+    /// response head is returned once its body's first frame (or its end) has come, so an
+    /// upstream that breaks its body off before the first byte is an error, not a head with
+    /// nothing after it; the wait for both is bounded by `timeout`, and a first frame that
+    /// has not come by then is streamed after the head as it comes.
     ///
     /// # Errors
-    /// [`ProxyError`] when the upstream cannot be reached, answers too late or breaks the
-    /// exchange, or the gateway is shutting down.
+    /// [`ProxyError`] when the upstream cannot be reached, answers too late, breaks the
+    /// exchange or answers 101, or the gateway is shutting down.
     pub async fn forward(
         &self,
-        mut request: Request<RequestBody>,
+        request: Request<RequestBody>,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
         let shared = &self.shared;
         let guard = shared.tracker.enter();
+        let started = tokio::time::Instant::now();
+        let request = self.upstream_request(request)?;
+        let after = shared.upstream.timeout;
+        let exchange = tokio::time::timeout(after, shared.client.request(request));
+        let result = tokio::select! {
+            result = exchange => result,
+            () = shared.tracker.aborted() => return Err(ProxyError::ShuttingDown),
+        };
+        let response = match result {
+            Err(_elapsed) => {
+                return Err(ProxyError::Timeout {
+                    upstream: shared.name.clone(),
+                    after,
+                });
+            }
+            Ok(result) => result.map_err(|err| self.client_error(err))?,
+        };
+        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+            return Err(ProxyError::SwitchedProtocols {
+                upstream: shared.name.clone(),
+            });
+        }
+        let (mut parts, body) = response.into_parts();
+        let announced = strip_hop_by_hop(&mut parts.headers);
+        remove_idem_fields(&mut parts.headers);
+        let mut body = UpstreamBody {
+            body: Guarded::new(SettledTrailers::announced(body, announced), guard),
+            first: None,
+            ended: false,
+            shared: self.shared.clone(),
+        };
+        let left = after.saturating_sub(started.elapsed());
+        let first = tokio::time::timeout(left, body.read_first());
+        let first = tokio::select! {
+            first = first => first,
+            () = shared.tracker.aborted() => return Err(ProxyError::ShuttingDown),
+        };
+        if let Ok(Err(err)) = first {
+            return Err(ProxyError::Failed {
+                upstream: shared.name.clone(),
+                source: error_chain(&err).into(),
+            });
+        }
+        Ok(Response::from_parts(parts, body))
+    }
+
+    /// The request as the upstream gets it: hop-by-hop headers removed (from its trailers
+    /// too), forwarded headers set, `TE: trailers`, the upstream's URI, HTTP/1.1.
+    fn upstream_request(
+        &self,
+        mut request: Request<RequestBody>,
+    ) -> Result<Request<SettledTrailers<RequestBody>>, ProxyError> {
+        let shared = &self.shared;
         // Hop-by-hop headers go first: the forwarded headers the gateway sets are its own, and
         // a client naming them in `Connection` only drops the values it sent.
-        strip_hop_by_hop(request.headers_mut());
+        let announced = strip_hop_by_hop(request.headers_mut());
         forwarded_headers(&mut request);
         // The gateway takes trailers, whoever its client is: it passes them on (to an HTTP/2
         // client, or an HTTP/1.1 one that sent `TE: trailers` itself) and stores them with
@@ -480,47 +582,28 @@ impl Proxy {
             })?;
         *request.uri_mut() = uri;
         *request.version_mut() = http::Version::HTTP_11;
+        Ok(request.map(|body| SettledTrailers::announced(body, announced)))
+    }
 
-        let after = shared.upstream.timeout;
-        let exchange = tokio::time::timeout(after, shared.client.request(request));
-        let result = tokio::select! {
-            result = exchange => result,
-            () = shared.tracker.aborted() => return Err(ProxyError::ShuttingDown),
-        };
-        let response = match result {
-            Err(_elapsed) => {
-                return Err(ProxyError::Timeout {
-                    upstream: shared.name.clone(),
-                    after,
-                });
+    /// The [`ProxyError`] of a failed client exchange.
+    fn client_error(&self, err: hyper_util::client::legacy::Error) -> ProxyError {
+        let upstream = self.shared.name.clone();
+        if err.is_connect() && is_timeout(&err) {
+            ProxyError::ConnectTimeout {
+                upstream,
+                after: self.shared.upstream.connect_timeout,
             }
-            Ok(Err(err)) if err.is_connect() && is_timeout(&err) => {
-                return Err(ProxyError::ConnectTimeout {
-                    upstream: shared.name.clone(),
-                    after: shared.upstream.connect_timeout,
-                });
+        } else if err.is_connect() {
+            ProxyError::Unreachable {
+                upstream,
+                source: err.into(),
             }
-            Ok(Err(err)) if err.is_connect() => {
-                return Err(ProxyError::Unreachable {
-                    upstream: shared.name.clone(),
-                    source: err.into(),
-                });
+        } else {
+            ProxyError::Failed {
+                upstream,
+                source: err.into(),
             }
-            Ok(Err(err)) => {
-                return Err(ProxyError::Failed {
-                    upstream: shared.name.clone(),
-                    source: err.into(),
-                });
-            }
-            Ok(Ok(response)) => response,
-        };
-        let (mut parts, body) = response.into_parts();
-        strip_hop_by_hop(&mut parts.headers);
-        let body = UpstreamBody {
-            body: Guarded::new(body, guard),
-            shared: self.shared.clone(),
-        };
-        Ok(Response::from_parts(parts, body))
+        }
     }
 }
 

@@ -14,13 +14,11 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use common::{Fixture, Gateway, Http, config, free_addr};
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
+use common::{Answer, Fixture, Gateway, Http, config, free_addr, try_post};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 use http_body::Frame;
-use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 
 /// An upstream whose every answer is `200 paid-N` (N counts its executions) with the trailer
 /// `x-checksum: N`, announced by `Trailer`, and a `Proxy-Authenticate` challenge. It keeps the
@@ -99,40 +97,10 @@ impl http_body::Body for Chunked {
     }
 }
 
-/// What a client read: status, headers, body and trailers.
-struct Answer {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-    trailers: Option<HeaderMap>,
-}
-
-/// POSTs to `url` with `headers`, over HTTP/2 (prior knowledge) when `http2`, else HTTP/1.1.
+/// POSTs `10 EUR` to `url` with `headers`, over HTTP/2 (prior knowledge) when `http2`, else
+/// HTTP/1.1.
 async fn post(url: &str, headers: &[(&str, &str)], http2: bool) -> Answer {
-    let client = Client::builder(TokioExecutor::new())
-        .http2_only(http2)
-        .build_http::<Full<Bytes>>();
-    let mut request = Request::builder().method(Method::POST).uri(url);
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = client
-        .request(
-            request
-                .body(Full::new(Bytes::from_static(b"10 EUR")))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    let (parts, body) = response.into_parts();
-    let collected = body.collect().await.unwrap();
-    let trailers = collected.trailers().cloned();
-    Answer {
-        status: parts.status,
-        headers: parts.headers,
-        body: collected.to_bytes(),
-        trailers,
-    }
+    try_post(url, headers, http2).await.unwrap()
 }
 
 /// The upstream's trailers reach an HTTP/1.1 client that asks for them (`TE: trailers`), on

@@ -29,6 +29,7 @@ use idem_gateway::commands::{Running, start_with_store};
 use idem_gateway::config::{self, Config, Overrides};
 use idem_store_memory::MemoryStore;
 
+pub mod raw_http;
 pub mod shared_store;
 pub mod webdriver;
 
@@ -244,6 +245,46 @@ impl Http {
         )
         .await
     }
+}
+
+/// What a client library read: status, version, headers, body and trailers.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: http::StatusCode,
+    pub version: http::Version,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub trailers: Option<HeaderMap>,
+}
+
+/// POSTs `10 EUR` to `url` with `headers`, over HTTP/2 (prior knowledge) when `http2`, else
+/// HTTP/1.1, and reads the whole answer with its trailers; an error when the exchange or the
+/// body breaks (an HTTP/2 stream reset).
+pub async fn try_post(
+    url: &str,
+    headers: &[(&str, &str)],
+    http2: bool,
+) -> Result<Answer, Box<dyn std::error::Error + Send + Sync>> {
+    let client = HyperClient::builder(TokioExecutor::new())
+        .http2_only(http2)
+        .build_http::<Full<Bytes>>();
+    let mut request = Request::builder().method(Method::POST).uri(url);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = client
+        .request(request.body(Full::new(Bytes::from_static(b"10 EUR")))?)
+        .await?;
+    let (parts, body) = response.into_parts();
+    let collected = body.collect().await?;
+    let trailers = collected.trailers().cloned();
+    Ok(Answer {
+        status: parts.status,
+        version: parts.version,
+        headers: parts.headers,
+        body: collected.to_bytes(),
+        trailers,
+    })
 }
 
 /// A configuration for a gateway in front of `upstream`, on free ports, plus `extra` TOML
