@@ -135,7 +135,8 @@ pub struct UpstreamConfig {
     pub url: UpstreamUrl,
     /// The limit to connect (504 after it, the key released).
     pub connect_timeout: Duration,
-    /// The limit for the response head (504 after it).
+    /// The limit for the response head (504 after it), and for the body's first frame before
+    /// the head is passed on (streamed after the head past it).
     pub timeout: Duration,
     /// How long idle pooled connections are kept.
     pub pool_idle_timeout: Duration,
