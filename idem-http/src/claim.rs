@@ -26,6 +26,8 @@ pub(crate) struct Claim {
     /// costs no timer and no allocation.
     heartbeat: Beat,
     settled: bool,
+    /// When the key was claimed: how long it was held counts in the layer's recent durations.
+    claimed_at: Instant,
 }
 
 /// The state of a claim's heartbeat.
@@ -45,6 +47,7 @@ impl Claim {
             lease,
             heartbeat: Beat::Idle,
             settled: false,
+            claimed_at: Instant::now(),
         }
     }
 
@@ -76,6 +79,9 @@ impl Claim {
     }
 
     pub(crate) fn settle(&mut self) {
+        if !self.settled {
+            self.shared.durations.record(self.claimed_at.elapsed());
+        }
         self.heartbeat = Beat::Stopped;
         self.settled = true;
     }

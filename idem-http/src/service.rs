@@ -224,7 +224,19 @@ async fn process<S, ReqBody, ResBody>(
     ResBody::Error: Into<BoxError> + Send,
 {
     let config = &shared.config;
-    let bytes = match body::capture(body, config.body_limit).await {
+    let captured =
+        tokio::time::timeout(config.body_timeout, body::capture(body, config.body_limit));
+    let Ok(captured) = captured.await else {
+        let timeout = config.body_timeout;
+        let mut response = reject(&shared, Rejection::BodyTimeout { timeout });
+        // RFC 9110 section 15.5.9: the rest of the body is not read; the connection goes.
+        response
+            .headers_mut()
+            .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+        let _ = reply.send(Ok(response));
+        return;
+    };
+    let bytes = match captured {
         Ok(bytes) => bytes,
         Err(CaptureError::TooLarge) => {
             let limit = config.body_limit;
@@ -287,6 +299,7 @@ async fn process<S, ReqBody, ResBody>(
                     }
                 }
                 metrics::increment(metrics::key!(metrics::COLLISIONS));
+                let retry_after = shared.durations.retry_after(config.lease, retry_after);
                 break Ok(reject(&shared, Rejection::InFlight { retry_after }));
             }
             Ok(ClaimOutcome::Completed(record)) => {
