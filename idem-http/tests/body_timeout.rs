@@ -18,7 +18,7 @@ use http_body_util::{BodyExt, Full};
 use idem_core::{IdempotencyKey, RecordKey, Store};
 use idem_http::{Config, IdempotencyLayer, RequestBody};
 use idem_store_memory::MemoryStore;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use idem_testkit::trickle::trickle;
 use tokio::time::Sleep;
 use tower::{ServiceBuilder, ServiceExt};
 
@@ -125,30 +125,10 @@ async fn a_client_that_writes_one_byte_at_a_time_gets_408_and_its_connection_bac
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
 
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream
-        .write_all(
-            b"POST /pay HTTP/1.1\r\nhost: x\r\nidempotency-key: k\r\ncontent-length: 1000\r\n\r\n",
-        )
-        .await
-        .unwrap();
     // One byte every 50 ms, until the server answers (it reads no more after its 408).
-    let mut answer = Vec::new();
-    let mut buffer = [0u8; 1024];
-    for _ in 0..1000 {
-        if stream.write_all(b"x").await.is_err() {
-            break;
-        }
-        match tokio::time::timeout(Duration::from_millis(50), stream.read(&mut buffer)).await {
-            Ok(Ok(0) | Err(_)) => break,
-            Ok(Ok(n)) => answer.extend_from_slice(&buffer[..n]),
-            Err(_) => {}
-        }
-        if answer.ends_with(b"}") {
-            break;
-        }
-    }
-    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let head =
+        "POST /pay HTTP/1.1\r\nhost: x\r\nidempotency-key: k\r\ncontent-length: 1000\r\n\r\n";
+    let answer = trickle(addr, head, Duration::from_millis(50), 1000).await;
     assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
     assert!(answer.contains("connection: close"), "{answer}");
     assert_eq!(runs.load(Ordering::SeqCst), 0);
