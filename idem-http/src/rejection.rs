@@ -47,9 +47,9 @@ pub enum Rejection {
         /// The name of the key header.
         header: HeaderName,
     },
-    /// The scope of the request cannot be read (its scope header, `Authorization` or a tenant
-    /// header, is repeated or not printable ASCII; or a `scope_with` function returned `None`):
-    /// 400.
+    /// The scope of the request cannot be read (a scope header, `Authorization`, a tenant or an
+    /// API-key header, is repeated; a tenant header is not printable ASCII; or a `scope_with`
+    /// function returned `None`): 400.
     InvalidScope,
     /// The request body is larger than the limit: 413.
     BodyTooLarge {
@@ -162,9 +162,10 @@ impl Rejection {
                 format!("this endpoint requires the {} header", spelled(header))
             }
             Rejection::InvalidScope => {
-                "the scope of this request could not be read: its scope header (Authorization, \
-                 or the configured tenant header) was sent more than once or is not 0 to 255 \
-                 bytes of printable ASCII, or the scope function refused the request"
+                "the scope of this request could not be read: a scope header (Authorization, \
+                 or a configured tenant or API-key header) was sent more than once, a tenant \
+                 header is not 0 to 255 bytes of printable ASCII, or the scope function refused \
+                 the request"
                     .into()
             }
             Rejection::BodyTooLarge { limit } => {
