@@ -555,6 +555,7 @@ pub fn summary(config: &Config) -> Value {
                 "retention_ms": millis(s.retention),
                 "wait_ms": s.wait.map(millis),
                 "request_body_limit": s.request_body_limit.get(),
+                "request_body_timeout_ms": millis(s.request_body_timeout),
                 "storage_cap": s.storage_cap.get(),
                 "store_server_errors": s.store_server_errors,
                 "on_store_error": match s.on_store_error {

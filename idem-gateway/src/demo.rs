@@ -147,7 +147,9 @@ pub fn check_flags(config: Option<&Path>, overrides: &Overrides) -> Result<(), C
     Ok(())
 }
 
-/// The demo's configuration: the payments route requires a key; everything else is default.
+/// The demo's configuration: the payments route requires a key and is scoped by the bearer
+/// token and the session cookie (an API that takes either must scope by both); everything else
+/// is default.
 fn demo_config(upstream: SocketAddr, overrides: &Overrides) -> Result<Config, Failure> {
     let text = format!(
         r#"
@@ -168,6 +170,7 @@ listen = "127.0.0.1:0"
 name = "payments"
 path = "/payments"
 key = "required"
+scope = ["authorization", "cookie:session"]
 "#
     );
     let overrides = Overrides {
@@ -211,8 +214,12 @@ pub fn instructions(
   # 4. no key: 400
   curl -i {gw}/payments -d '{{\"amount\": 10}}'
 
-  # 5. a retry while the first attempt still runs: 409 with Retry-After
+  # 5. a retry while the first attempt still runs: 409 with Retry-After (when it should end)
   curl -s {gw}/payments?delay=5s -H 'Idempotency-Key: order-2' -d x & sleep 1; curl -i {gw}/payments?delay=5s -H 'Idempotency-Key: order-2' -d x; wait
+
+  # 6. the request of 1. from another session: its own payment, executed (records are scoped
+  #    by Authorization and the session cookie)
+  curl -i {gw}/payments -H 'Idempotency-Key: order-1' -H 'Cookie: session=bob' -d '{{\"amount\": 10}}'
 
   # how many payments really ran
   curl -s http://{upstream}/executions

@@ -60,6 +60,7 @@ pub fn layer_config(
         .heartbeat(settings.heartbeat)
         .retention(settings.retention)
         .body_limit(settings.request_body_limit)
+        .body_timeout(settings.request_body_timeout)
         .storage_cap(settings.storage_cap)
         .store_server_errors(settings.store_server_errors)
         .store_failure(match settings.on_store_error {
@@ -72,6 +73,8 @@ pub fn layer_config(
     builder = match &settings.scope {
         ScopeSpec::Authorization => builder.scope_by_authorization(),
         ScopeSpec::Header(name) => builder.scope_by_header(name)?,
+        ScopeSpec::Cookie(name) => builder.scope_by_cookie(name)?,
+        ScopeSpec::All(parts) => builder.scope_by_all(parts.iter().filter_map(ScopeSpec::part))?,
         ScopeSpec::None => builder.no_scope(),
     };
     if let Some(wait) = settings.wait {

@@ -67,6 +67,11 @@ fn the_shipped_example_is_valid() {
     assert_eq!(value["ok"], true);
     assert_eq!(value["routes"][0]["name"], "payments");
     assert_eq!(value["routes"][0]["key"], "required");
+    assert_eq!(
+        value["routes"][0]["scope"],
+        "[\"authorization\", \"cookie:session\"]"
+    );
+    assert_eq!(value["routes"][0]["request_body_timeout_ms"], 10_000);
 }
 
 /// The example repeats the defaults, so a lease given on the command line or in the

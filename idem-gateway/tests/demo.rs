@@ -1,6 +1,6 @@
 //! `idem demo`, the README's first command: the process starts, prints its addresses, and the
-//! five curl lines it prints behave as it says (executed, replayed, 422, 400, 409), with the
-//! upstream counting one execution per key.
+//! six curl lines it prints behave as it says (executed, replayed, 422, 400, 409, executed for
+//! another session), with the upstream counting one execution per key and session.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -57,7 +57,7 @@ async fn race(http: &Http, gateway: SocketAddr, key: &str) -> (Reply, Reply) {
 }
 
 #[tokio::test]
-async fn the_demo_answers_its_five_curl_lines_as_it_says() {
+async fn the_demo_answers_its_six_curl_lines_as_it_says() {
     let (_demo, gateway, upstream) = start_demo(&[]);
     let http = Http::new();
     let payments = format!("http://{gateway}/payments");
@@ -96,6 +96,18 @@ async fn the_demo_answers_its_five_curl_lines_as_it_says() {
     assert_eq!(duplicate.status, 409, "{}", duplicate.text());
     assert!(duplicate.header("retry-after").is_some());
 
+    // 6. The request of 1. from another session: executed, not the first session's replay.
+    let other_session = http
+        .send(
+            Method::POST,
+            &payments,
+            &[("idempotency-key", "order-1"), ("cookie", "session=bob")],
+            r#"{"amount": 10}"#,
+        )
+        .await;
+    assert_eq!(other_session.status, 201, "{}", other_session.text());
+    assert!(!other_session.replayed());
+
     // One execution per key.
     let executions = http
         .send(
@@ -105,7 +117,7 @@ async fn the_demo_answers_its_five_curl_lines_as_it_says() {
             "",
         )
         .await;
-    assert_eq!(executions.text(), r#"{"executions":2}"#);
+    assert_eq!(executions.text(), r#"{"executions":3}"#);
 }
 
 #[tokio::test]

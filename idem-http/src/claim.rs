@@ -7,7 +7,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem_core::{Lease, Store, StoreError};
+use idem_core::{Lease, Rejection, Store, StoreError};
 use tokio::time::Instant;
 
 use crate::codec::{self, StoredResponse};
@@ -26,6 +26,8 @@ pub(crate) struct Claim {
     /// costs no timer and no allocation.
     heartbeat: Beat,
     settled: bool,
+    /// When the key was claimed: how long it was held counts in the layer's recent durations.
+    claimed_at: Instant,
 }
 
 /// The state of a claim's heartbeat.
@@ -45,6 +47,7 @@ impl Claim {
             lease,
             heartbeat: Beat::Idle,
             settled: false,
+            claimed_at: Instant::now(),
         }
     }
 
@@ -76,6 +79,9 @@ impl Claim {
     }
 
     pub(crate) fn settle(&mut self) {
+        if !self.settled {
+            self.shared.durations.record(self.claimed_at.elapsed());
+        }
         self.heartbeat = Beat::Stopped;
         self.settled = true;
     }
@@ -94,12 +100,20 @@ impl Claim {
             state_after = "absent",
             "idempotency claim released"
         );
-        if let Err(error) = released {
-            tracing::warn!(
+        match released {
+            Ok(()) => {}
+            // Another attempt holds the key, or the record is settled: nothing of this claim's
+            // is left to release.
+            Err(error @ StoreError::Rejected(_)) => tracing::warn!(
+                idempotency_key = %log_key(config, &self.lease.key),
+                error = %error.redacted(!config.log_keys),
+                "the claim was no longer held when it was released: nothing was released"
+            ),
+            Err(error) => tracing::warn!(
                 idempotency_key = %log_key(config, &self.lease.key),
                 error = %error.redacted(!config.log_keys),
                 "releasing the claim failed: the key stays blocked until its lease ends"
-            );
+            ),
         }
     }
 
@@ -155,14 +169,21 @@ impl Claim {
                 );
                 return Some(encoded);
             }
-            Err(error) => tracing::warn!(
-                idempotency_key = %log_key(config, &self.lease.key),
-                fence = self.lease.fence.get(),
-                error = %error.redacted(!config.log_keys),
-                "storing the response failed: a retry after the lease may run the handler again"
-            ),
+            Err(error) => self.not_stored(&error),
         }
         None
+    }
+
+    /// Logs why the store refused the response, and what a retry will find.
+    fn not_stored(&self, error: &StoreError) {
+        let config = &self.shared.config;
+        tracing::warn!(
+            idempotency_key = %log_key(config, &self.lease.key),
+            fence = self.lease.fence.get(),
+            error = %error.redacted(!config.log_keys),
+            "{}",
+            not_stored_message(error)
+        );
     }
 
     /// Tries again to store a response the store failed to take, backing off, until it takes
@@ -195,12 +216,7 @@ impl Claim {
                 }
                 Err(error) if error.is_retryable() => {}
                 Err(error) => {
-                    tracing::warn!(
-                        idempotency_key = %log_key(config, &self.lease.key),
-                        fence = self.lease.fence.get(),
-                        error = %error.redacted(!config.log_keys),
-                        "storing the response failed: a retry after the lease may run the handler again"
-                    );
+                    self.not_stored(&error);
                     return;
                 }
             }
@@ -210,6 +226,31 @@ impl Claim {
             fence = self.lease.fence.get(),
             "storing the response failed for a whole lease: a retry after the lease may run the handler again"
         );
+    }
+}
+
+/// What a store's refusal to take a response means for the caller's retries. A record that is
+/// gone (deleted by an operator while the request ran, or expired) holds no lease: nothing
+/// blocks a retry, which runs the handler again.
+fn not_stored_message(error: &StoreError) -> &'static str {
+    match error {
+        StoreError::Rejected(Rejection::NotFound) => {
+            "the record was deleted while the request ran (by an operator, or it expired): the \
+             response was not stored, and a retry will run the handler again"
+        }
+        StoreError::Rejected(Rejection::Superseded { .. }) => {
+            "another attempt holds the key now (this one's lease lapsed, or its record was \
+             deleted and the key claimed again): the response was not stored, and a retry is \
+             answered from the other attempt"
+        }
+        StoreError::Rejected(Rejection::LeaseExpired) => {
+            "the lease ran out before the response was stored: the response was not stored, and \
+             a retry may run the handler again"
+        }
+        StoreError::Rejected(Rejection::AlreadySettled { .. }) => {
+            "the record was already settled by another outcome: the response was not stored"
+        }
+        _ => "storing the response failed: a retry after the lease may run the handler again",
     }
 }
 

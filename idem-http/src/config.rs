@@ -7,11 +7,12 @@
 //! | key header | `Idempotency-Key` |
 //! | covered methods | POST and PATCH (others pass through untouched) |
 //! | key | optional: a request without one passes through, nothing is stored |
-//! | scope | a hash of the `Authorization` header when present, else none |
+//! | scope | a hash of the `Authorization` header when present, else none (see [`crate::scope`]) |
 //! | lease | 30 s, extended by a heartbeat while the handler runs |
 //! | heartbeat | every 10 s, or a third of the lease where that is shorter |
 //! | retention | 24 h |
 //! | request body limit | 1 MiB (413 above it) |
+//! | request body timeout | 10 s to read the whole body (408 after it, nothing run) |
 //! | response storage cap | 1 MiB, encoded and compressed |
 //! | headers (and trailers) never stored | hop-by-hop, `Content-Length`, `Date`, `Set-Cookie`, `WWW-Authenticate`, `Proxy-Authenticate` |
 //! | 5xx (and 600 to 999, which HTTP does not define) | released, not stored |
@@ -48,6 +49,7 @@ use http::{HeaderMap, HeaderName, Method, StatusCode, header, request};
 use idem_core::Scope;
 
 use crate::rejection::{ProblemJson, RejectionHandler};
+use crate::scope::{InvalidScope, ScopePart, ScopeSource};
 
 /// 1 MiB.
 const MIB: usize = 1024 * 1024;
@@ -91,6 +93,10 @@ pub enum ConfigError {
     NoMethods,
     /// The header can never be stored (hop-by-hop or `Content-Length`).
     NeverStored(String),
+    /// Not a cookie name (an RFC 9110 token).
+    InvalidCookieName(String),
+    /// A combined scope of no source ([`ConfigBuilder::no_scope`] is the way to say none).
+    EmptyScope,
 }
 
 impl fmt::Display for ConfigError {
@@ -105,6 +111,10 @@ impl fmt::Display for ConfigError {
             ConfigError::NoMethods => f.write_str("at least one method must be covered"),
             ConfigError::NeverStored(name) => {
                 write!(f, "{name} is a per-connection header and is never stored")
+            }
+            ConfigError::InvalidCookieName(name) => write!(f, "{name:?} is not a cookie name"),
+            ConfigError::EmptyScope => {
+                f.write_str("a combined scope needs at least one source (or no scope at all)")
             }
         }
     }
@@ -135,30 +145,7 @@ pub enum StoreFailure {
     FailOpen,
 }
 
-/// Derives a scope from a request (see [`ConfigBuilder::scope_with`]); `None` refuses the
-/// request with 400.
-pub type ScopeFn = dyn Fn(&request::Parts) -> Option<Scope> + Send + Sync;
-
-/// Where the scope of a request comes from.
-#[derive(Clone)]
-enum ScopeSource {
-    /// A hash of a credential header's value (`Authorization` by default).
-    Secret(HeaderName),
-    Header(HeaderName),
-    Custom(Arc<ScopeFn>),
-    None,
-}
-
-impl fmt::Debug for ScopeSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ScopeSource::Secret(name) => write!(f, "Secret({name})"),
-            ScopeSource::Header(name) => write!(f, "Header({name})"),
-            ScopeSource::Custom(_) => f.write_str("Custom(..)"),
-            ScopeSource::None => f.write_str("None"),
-        }
-    }
-}
+pub use crate::scope::ScopeFn;
 
 /// The validated settings of the layer. Made by [`Config::builder`]; see the
 /// [module docs](self) for the defaults.
@@ -172,6 +159,7 @@ pub struct Config {
     pub(crate) heartbeat: Duration,
     pub(crate) retention: Duration,
     pub(crate) body_limit: usize,
+    pub(crate) body_timeout: Duration,
     pub(crate) storage_cap: usize,
     denied: Vec<HeaderName>,
     pub(crate) store_server_errors: bool,
@@ -195,6 +183,7 @@ impl fmt::Debug for Config {
             .field("heartbeat", &self.heartbeat)
             .field("retention", &self.retention)
             .field("body_limit", &self.body_limit)
+            .field("body_timeout", &self.body_timeout)
             .field("storage_cap", &self.storage_cap)
             .field("denied", &self.denied)
             .field("store_server_errors", &self.store_server_errors)
@@ -220,6 +209,7 @@ impl Default for Config {
             heartbeat: DEFAULT_HEARTBEAT,
             retention: Duration::from_secs(24 * 60 * 60),
             body_limit: MIB,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
             storage_cap: MIB,
             denied: DENIED_BY_DEFAULT.to_vec(),
             store_server_errors: false,
@@ -233,10 +223,6 @@ impl Default for Config {
         }
     }
 }
-
-/// Why a request has no usable scope.
-#[derive(Debug)]
-pub(crate) struct InvalidScope;
 
 impl Config {
     /// A builder starting from the defaults.
@@ -275,6 +261,12 @@ impl Config {
     #[must_use]
     pub fn body_limit(&self) -> usize {
         self.body_limit
+    }
+
+    /// How long the layer waits for a request body, whole.
+    #[must_use]
+    pub fn body_timeout(&self) -> Duration {
+        self.body_timeout
     }
 
     /// The response storage cap, in encoded bytes.
@@ -333,44 +325,8 @@ impl Config {
 
     /// The scope of a request.
     pub(crate) fn scope_of(&self, parts: &request::Parts) -> Result<Scope, InvalidScope> {
-        match &self.scope {
-            ScopeSource::Secret(name) => Ok(single(&parts.headers, name)?
-                .map_or_else(Scope::none, |value| Scope::from_secret(value.as_bytes()))),
-            ScopeSource::Header(name) => match single(&parts.headers, name)? {
-                None => Ok(Scope::none()),
-                Some(value) => std::str::from_utf8(value.as_bytes())
-                    .ok()
-                    .and_then(|text| Scope::new(text).ok())
-                    .ok_or(InvalidScope),
-            },
-            ScopeSource::Custom(derive) => derive(parts).ok_or(InvalidScope),
-            ScopeSource::None => Ok(Scope::none()),
-        }
+        self.scope.scope_of(parts)
     }
-}
-
-/// Whether a header carries a credential, whose value must never be stored as a scope.
-fn is_credential(name: &HeaderName) -> bool {
-    [
-        header::AUTHORIZATION,
-        header::PROXY_AUTHORIZATION,
-        header::COOKIE,
-    ]
-    .contains(name)
-}
-
-/// The one value of the scope header `name`, if it is there. Sent on two field lines it names
-/// no single principal (and an application may read either line), so it is refused.
-fn single<'h>(
-    headers: &'h HeaderMap,
-    name: &HeaderName,
-) -> Result<Option<&'h http::HeaderValue>, InvalidScope> {
-    let mut values = headers.get_all(name).iter();
-    let first = values.next();
-    if values.next().is_some() {
-        return Err(InvalidScope);
-    }
-    Ok(first)
 }
 
 /// Builds a [`Config`]. Made by [`Config::builder`]; every method starts from the documented
@@ -434,12 +390,52 @@ impl ConfigBuilder {
     /// # Errors
     /// [`ConfigError::InvalidHeaderName`].
     pub fn scope_by_header(mut self, name: &str) -> Result<Self, ConfigError> {
-        let name = header_name(name)?;
-        self.config.scope = if is_credential(&name) {
-            ScopeSource::Secret(name)
-        } else {
-            ScopeSource::Header(name)
-        };
+        self.config.scope = ScopeSource::header(header_name(name)?);
+        Ok(self)
+    }
+
+    /// Scope records by a hash of one named cookie's value (`session`): for an application
+    /// that authenticates by a session cookie. A request without the cookie has no scope.
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidCookieName`].
+    pub fn scope_by_cookie(self, name: &str) -> Result<Self, ConfigError> {
+        self.scope_by_all([ScopePart::cookie(name)?])
+    }
+
+    /// Scope records by a hash of several sources together, in order: each header's value and
+    /// each cookie's, and whether each is there at all (an absent source and an empty one are
+    /// different scopes). A request that carries none of them has no scope. Nothing is stored
+    /// as it was sent.
+    ///
+    /// ```
+    /// use idem_http::{Config, scope::ScopePart};
+    ///
+    /// let config = Config::builder()
+    ///     .scope_by_all([
+    ///         ScopePart::authorization(),
+    ///         ScopePart::cookie("session")?,
+    ///         ScopePart::header("x-api-key")?,
+    ///     ])?
+    ///     .build()?;
+    /// # let _ = config;
+    /// # Ok::<(), idem_http::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConfigError::EmptyScope`] for no part; [`ConfigError::InvalidCookieName`].
+    pub fn scope_by_all(
+        mut self,
+        parts: impl IntoIterator<Item = ScopePart>,
+    ) -> Result<Self, ConfigError> {
+        let parts: Vec<ScopePart> = parts.into_iter().collect();
+        if parts.is_empty() {
+            return Err(ConfigError::EmptyScope);
+        }
+        if let Some(ScopePart::Cookie(name)) = parts.iter().find(|part| !part.is_valid()) {
+            return Err(ConfigError::InvalidCookieName(name.clone()));
+        }
+        self.config.scope = ScopeSource::Combined(parts);
         Ok(self)
     }
 
@@ -485,6 +481,16 @@ impl ConfigBuilder {
     /// runs.
     pub fn body_limit(mut self, limit: NonZeroUsize) -> Self {
         self.config.body_limit = limit.get();
+        self
+    }
+
+    /// How long the layer waits for the whole request body (default 10 s), counted from the
+    /// moment it starts to read it. A body still incomplete then (a client that trickles it, one
+    /// byte at a time) is answered 408 with nothing claimed and nothing run, and the connection
+    /// is not held any longer. Keep it above the time the body limit takes on the slowest link
+    /// the service must serve (1 MiB in 10 s is 100 KiB/s).
+    pub fn body_timeout(mut self, timeout: Duration) -> Self {
+        self.config.body_timeout = timeout;
         self
     }
 
@@ -591,6 +597,7 @@ impl ConfigBuilder {
             (config.lease, "the lease"),
             (config.heartbeat, "the heartbeat interval"),
             (config.retention, "the retention"),
+            (config.body_timeout, "the body timeout"),
         ] {
             if value.is_zero() {
                 return Err(ConfigError::ZeroDuration(what));
@@ -617,6 +624,9 @@ impl ConfigBuilder {
 fn default_heartbeat(lease: Duration) -> Duration {
     DEFAULT_HEARTBEAT.min(lease / 3)
 }
+
+/// How long the layer waits for a request body by default.
+const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The heartbeat of the default lease.
 const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
@@ -660,6 +670,7 @@ mod tests {
                 .is_err()
         );
         assert_eq!(config.body_limit(), MIB);
+        assert_eq!(config.body_timeout(), Duration::from_secs(10));
         assert_eq!(config.storage_cap(), MIB);
         assert_eq!(config.key_policy, KeyPolicy::Optional);
         assert_eq!(config.store_failure, StoreFailure::FailClosed);

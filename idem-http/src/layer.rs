@@ -8,6 +8,7 @@ use tower_layer::Layer;
 
 use crate::config::Config;
 use crate::metrics::StoreMetrics;
+use crate::recent::RecentDurations;
 use crate::service::Idempotency;
 
 /// The settings and the store, shared by every clone of the service.
@@ -16,6 +17,8 @@ pub(crate) struct Shared {
     pub(crate) config: Config,
     /// The keys of the store metrics, made once for the configured store label.
     pub(crate) store_metrics: StoreMetrics,
+    /// How long requests held their key lately: the `Retry-After` of a 409.
+    pub(crate) durations: RecentDurations,
 }
 
 impl Shared {
@@ -25,6 +28,7 @@ impl Shared {
             store,
             config,
             store_metrics,
+            durations: RecentDurations::default(),
         }
     }
 }

@@ -39,13 +39,18 @@
 //!   Without a key, a request passes through (optional key, the default) or is refused with 400
 //!   ([`ConfigBuilder::require_key`]).
 //! - Records are scoped by a hash of the `Authorization` header by default: one principal can
-//!   never read another's stored response.
+//!   never read another's stored response. An application that authenticates by a cookie or
+//!   an API-key header must scope by it ([`ConfigBuilder::scope_by_cookie`],
+//!   [`ConfigBuilder::scope_by_all`]): else a caller who sends another's key and body is
+//!   replayed the other's response.
 //! - The request is fingerprinted (SHA-256 of method, path and query, and the body bytes as
 //!   received; see [`fingerprint`]; behind axum's `Router::nest`, the path as sent with the
 //!   `axum` feature) before the handler runs. The same key with another
 //!   fingerprint is 422, also while the first request is in flight, and the record is untouched.
-//! - While the first request runs, a retry gets 409 with `Retry-After` (the seconds left on the
-//!   lease, at least 1), or waits for the result in bounded wait mode.
+//! - While the first request runs, a retry gets 409 with `Retry-After`: an estimate of when
+//!   the first finishes, from the recent durations of the layer's requests, bounded by the
+//!   seconds left on its lease, at least 1 ([`ConfigBuilder::lease`]); or it waits for the
+//!   result in bounded wait mode.
 //! - A retry after it completed gets the stored response: same status, byte-identical body,
 //!   headers in order with repeats, plus `Idempotent-Replayed: true`. Hop-by-hop headers,
 //!   `Content-Length`, `Date`, `Set-Cookie`, `WWW-Authenticate` and `Proxy-Authenticate` are
@@ -57,7 +62,8 @@
 //! - The handler runs in a task of its own: a client that disconnects never causes a second
 //!   execution; the handler finishes and its response is stored. A heartbeat keeps the lease of
 //!   a long handler.
-//! - A request body over the limit (1 MiB) is 413 before anything runs. A response over the
+//! - A request body over the limit (1 MiB) is 413 before anything runs; one that is not read
+//!   whole within the body timeout (10 s) is 408, and nothing runs either. A response over the
 //!   storage cap (1 MiB encoded, after compression) is delivered in full to the first caller and
 //!   stored as status and headers: a retry gets them with `Idempotency-Replay: omitted` and an
 //!   empty body, and the handler never runs again.
@@ -96,9 +102,11 @@ pub mod header;
 mod layer;
 pub mod metrics;
 mod outcome;
+mod recent;
 pub mod rejection;
 mod replay;
 mod request_body;
+pub mod scope;
 mod service;
 
 pub use body::ResponseBody;
@@ -111,6 +119,7 @@ pub use layer::IdempotencyLayer;
 pub use outcome::Outcome;
 pub use rejection::{ProblemJson, Rejection, RejectionHandler};
 pub use request_body::RequestBody;
+pub use scope::ScopePart;
 pub use service::{Idempotency, REPLAY_HEADER, REPLAYED_HEADER, STATUS_HEADER};
 
 #[doc(no_inline)]

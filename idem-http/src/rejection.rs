@@ -47,9 +47,9 @@ pub enum Rejection {
         /// The name of the key header.
         header: HeaderName,
     },
-    /// The scope of the request cannot be read (its scope header, `Authorization` or a tenant
-    /// header, is repeated or not printable ASCII; or a `scope_with` function returned `None`):
-    /// 400.
+    /// The scope of the request cannot be read (a scope header, `Authorization`, a tenant or an
+    /// API-key header, is repeated; a tenant header is not printable ASCII; or a `scope_with`
+    /// function returned `None`): 400.
     InvalidScope,
     /// The request body is larger than the limit: 413.
     BodyTooLarge {
@@ -58,9 +58,17 @@ pub enum Rejection {
     },
     /// The request body could not be read: 400.
     BodyUnreadable,
+    /// The request body was not received whole within the body timeout: 408. Nothing was
+    /// claimed and nothing ran; the client may send the request again.
+    BodyTimeout {
+        /// The body timeout.
+        timeout: Duration,
+    },
     /// Another request with this key is in flight: 409 with `Retry-After`.
     InFlight {
-        /// How long until its lease ends.
+        /// When to come back: an estimate of when the request in flight ends, from the recent
+        /// durations of the layer's requests, bounded by the time left on its lease (with no
+        /// history, that time).
         retry_after: Duration,
     },
     /// The key was used with another request (method, path, query or body): 422.
@@ -93,6 +101,7 @@ impl Rejection {
             | Rejection::InvalidScope
             | Rejection::BodyUnreadable => StatusCode::BAD_REQUEST,
             Rejection::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Rejection::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Rejection::InFlight { .. } | Rejection::FailedPermanently => StatusCode::CONFLICT,
             Rejection::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Rejection::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -111,6 +120,7 @@ impl Rejection {
             Rejection::InvalidScope => "InvalidScope",
             Rejection::BodyTooLarge { .. } => "BodyTooLarge",
             Rejection::BodyUnreadable => "BodyUnreadable",
+            Rejection::BodyTimeout { .. } => "BodyTimeout",
             Rejection::InFlight { .. } => "InFlight",
             Rejection::Mismatch => "Mismatch",
             Rejection::FailedPermanently => "FailedPermanently",
@@ -130,6 +140,7 @@ impl Rejection {
             Rejection::InvalidScope => "Invalid scope",
             Rejection::BodyTooLarge { .. } => "Request body too large",
             Rejection::BodyUnreadable => "Request body unreadable",
+            Rejection::BodyTimeout { .. } => "Request body too slow",
             Rejection::InFlight { .. } => "Request with this key in progress",
             Rejection::Mismatch => "Idempotency key reused with another request",
             Rejection::FailedPermanently => "Operation failed permanently",
@@ -151,15 +162,21 @@ impl Rejection {
                 format!("this endpoint requires the {} header", spelled(header))
             }
             Rejection::InvalidScope => {
-                "the scope of this request could not be read: its scope header (Authorization, \
-                 or the configured tenant header) was sent more than once or is not 0 to 255 \
-                 bytes of printable ASCII, or the scope function refused the request"
+                "the scope of this request could not be read: a scope header (Authorization, \
+                 or a configured tenant or API-key header) was sent more than once, a tenant \
+                 header is not 0 to 255 bytes of printable ASCII, or the scope function refused \
+                 the request"
                     .into()
             }
             Rejection::BodyTooLarge { limit } => {
                 format!("the request body is over the limit of {limit} bytes")
             }
             Rejection::BodyUnreadable => "the request body could not be read".into(),
+            Rejection::BodyTimeout { timeout } => format!(
+                "the request body was not received within {} ms: nothing was processed, and the \
+                 request may be sent again",
+                timeout.as_millis()
+            ),
             Rejection::InFlight { .. } => {
                 "a request with this key is being processed: retry after the delay in Retry-After"
                     .into()
@@ -207,7 +224,8 @@ impl Rejection {
             | Rejection::MissingKey { .. }
             | Rejection::InvalidScope
             | Rejection::BodyTooLarge { .. }
-            | Rejection::BodyUnreadable => Outcome::Rejected,
+            | Rejection::BodyUnreadable
+            | Rejection::BodyTimeout { .. } => Outcome::Rejected,
             Rejection::InFlight { .. } | Rejection::FailedPermanently => Outcome::Conflict,
             Rejection::Mismatch => Outcome::Mismatch,
             Rejection::StoreUnavailable { .. } | Rejection::CorruptRecord => Outcome::StoreError,

@@ -225,15 +225,10 @@ async fn process<S, ReqBody, ResBody>(
     ResBody::Error: Into<BoxError> + Send,
 {
     let config = &shared.config;
-    let bytes = match body::capture(body, config.body_limit).await {
+    let bytes = match read_body(&shared, body).await {
         Ok(bytes) => bytes,
-        Err(CaptureError::TooLarge) => {
-            let limit = config.body_limit;
-            let _ = reply.send(Ok(reject(&shared, Rejection::BodyTooLarge { limit })));
-            return;
-        }
-        Err(CaptureError::Read) => {
-            let _ = reply.send(Ok(reject(&shared, Rejection::BodyUnreadable)));
+        Err(rejection) => {
+            let _ = reply.send(Ok(rejection));
             return;
         }
     };
@@ -258,23 +253,8 @@ async fn process<S, ReqBody, ResBody>(
         );
         match answer {
             Ok(ClaimOutcome::Acquired { lease, taken_over }) => {
-                metrics::increment(metrics::key!(metrics::CLAIMS_ACQUIRED));
-                if taken_over {
-                    metrics::increment(metrics::key!(metrics::TAKEOVERS));
-                    tracing::info!(
-                        idempotency_key = %log_key(config, &claim.key),
-                        fence = lease.fence.get(),
-                        attempt = lease.attempt,
-                        "took over a lapsed lease"
-                    );
-                }
-                let mut request = Request::from_parts(parts, ReqBody::from(bytes));
-                request.extensions_mut().insert(IdempotencyContext {
-                    key: lease.key.key.clone(),
-                    scope: lease.key.scope.clone(),
-                    fence: lease.fence,
-                    attempt: lease.attempt,
-                });
+                let request = Request::from_parts(parts, ReqBody::from(bytes));
+                let request = acquired(config, request, &lease, taken_over);
                 drive(inner, shared.clone(), request, lease, reply).await;
                 return;
             }
@@ -288,6 +268,7 @@ async fn process<S, ReqBody, ResBody>(
                     }
                 }
                 metrics::increment(metrics::key!(metrics::COLLISIONS));
+                let retry_after = shared.durations.retry_after(config.lease, retry_after);
                 break Ok(reject(&shared, Rejection::InFlight { retry_after }));
             }
             Ok(ClaimOutcome::Completed(record)) => {
@@ -326,6 +307,61 @@ async fn process<S, ReqBody, ResBody>(
         }
     };
     let _ = reply.send(answer);
+}
+
+/// Counts a granted claim and hands its request the [`IdempotencyContext`] of its lease.
+fn acquired<B>(
+    config: &Config,
+    mut request: Request<B>,
+    lease: &Lease,
+    taken_over: bool,
+) -> Request<B> {
+    metrics::increment(metrics::key!(metrics::CLAIMS_ACQUIRED));
+    if taken_over {
+        metrics::increment(metrics::key!(metrics::TAKEOVERS));
+        tracing::info!(
+            idempotency_key = %log_key(config, &lease.key),
+            fence = lease.fence.get(),
+            attempt = lease.attempt,
+            "took over a lapsed lease"
+        );
+    }
+    request.extensions_mut().insert(IdempotencyContext {
+        key: lease.key.key.clone(),
+        scope: lease.key.scope.clone(),
+        fence: lease.fence,
+        attempt: lease.attempt,
+    });
+    request
+}
+
+/// Reads a covered request's body, within the body limit and the body timeout; else the
+/// rejection to answer (nothing is claimed yet, so there is nothing to release).
+async fn read_body<B, R>(shared: &Shared, body: B) -> Result<Bytes, Response<ResponseBody<R>>>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let config = &shared.config;
+    let captured =
+        tokio::time::timeout(config.body_timeout, body::capture(body, config.body_limit));
+    match captured.await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(CaptureError::TooLarge)) => {
+            let limit = config.body_limit;
+            Err(reject(shared, Rejection::BodyTooLarge { limit }))
+        }
+        Ok(Err(CaptureError::Read)) => Err(reject(shared, Rejection::BodyUnreadable)),
+        Err(_) => {
+            let timeout = config.body_timeout;
+            let mut response = reject(shared, Rejection::BodyTimeout { timeout });
+            // RFC 9110 section 15.5.9: the rest of the body is not read; the connection goes.
+            response
+                .headers_mut()
+                .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+            Err(response)
+        }
+    }
 }
 
 /// The URI the fingerprint covers: the one the client sent. Behind axum's `Router::nest` the

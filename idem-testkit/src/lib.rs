@@ -1,7 +1,7 @@
 //! The test kit of idem: the store conformance suite, the concurrency hammer, the model-based
 //! property test, the service probes, a store with switchable faults ([`faulty`]) for the
 //! tests of what sits on top of a store, a metrics recorder that counts ([`recorder`]), a capture
-//! of log lines ([`logs`]), and private `redis-server` processes and Redis Clusters
+//! of log lines ([`logs`]), a client that trickles a request body ([`trickle`]), and private `redis-server` processes and Redis Clusters
 //! (`redis_server`, feature `redis-server`). Every store crate runs the same suite from its own `tests/`:
 //!
 //! ```ignore
@@ -25,6 +25,7 @@ pub mod probe;
 pub mod recorder;
 #[cfg(feature = "redis-server")]
 pub mod redis_server;
+pub mod trickle;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -66,6 +66,8 @@ pub mod defaults {
     pub const RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
     /// `request_body_limit`: 1 MiB.
     pub const REQUEST_BODY_LIMIT: usize = 1024 * 1024;
+    /// `request_body_timeout`.
+    pub const REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(10);
     /// `storage_cap`: 1 MiB.
     pub const STORAGE_CAP: usize = 1024 * 1024;
     /// `header`.
@@ -218,6 +220,8 @@ pub struct RouteSettings {
     pub wait: Option<Duration>,
     /// The request body limit of covered requests.
     pub request_body_limit: NonZeroUsize,
+    /// How long a covered request's whole body may take to arrive (408 after it).
+    pub request_body_timeout: Duration,
     /// The largest stored response.
     pub storage_cap: NonZeroUsize,
     /// Whether 5xx responses are stored.
@@ -298,6 +302,7 @@ impl Default for RouteSettings {
             wait: None,
             request_body_limit: NonZeroUsize::new(defaults::REQUEST_BODY_LIMIT)
                 .unwrap_or(NonZeroUsize::MIN),
+            request_body_timeout: defaults::REQUEST_BODY_TIMEOUT,
             storage_cap: NonZeroUsize::new(defaults::STORAGE_CAP).unwrap_or(NonZeroUsize::MIN),
             store_server_errors: false,
             on_store_error: OnStoreError::FailClosed,

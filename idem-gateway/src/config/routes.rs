@@ -136,6 +136,15 @@ fn settings(
         parent.request_body_limit,
         origin,
     )?;
+    let request_body_timeout = positive(
+        section
+            .request_body_timeout
+            .as_ref()
+            .map_or(parent.request_body_timeout, |d| d.get_ref().0),
+        "request_body_timeout",
+        origin,
+        position(section.request_body_timeout.as_ref(), at),
+    )?;
     let storage_cap = size(
         section.storage_cap.as_ref(),
         "storage_cap",
@@ -164,6 +173,7 @@ fn settings(
         retention,
         wait,
         request_body_limit,
+        request_body_timeout,
         storage_cap,
         store_server_errors: section
             .store_server_errors

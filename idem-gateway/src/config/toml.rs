@@ -150,7 +150,8 @@ pub struct RouteSection {
     pub methods: Option<Spanned<Vec<MethodName>>>,
     /// `optional` or `required`.
     pub key: Option<KeyMode>,
-    /// `authorization`, `none` or `header:NAME`.
+    /// `authorization`, `none`, `header:NAME`, `cookie:NAME`, or a list of sources hashed
+    /// together (`["authorization", "cookie:session"]`).
     pub scope: Option<ScopeSpec>,
     /// How long a claim holds before another request may take it over.
     pub lease: Option<Spanned<HumanDuration>>,
@@ -162,6 +163,8 @@ pub struct RouteSection {
     pub wait: Option<HumanDuration>,
     /// The largest request body on covered requests; larger -> 413.
     pub request_body_limit: Option<Spanned<ByteSize>>,
+    /// How long a covered request's whole body may take to arrive; longer -> 408.
+    pub request_body_timeout: Option<Spanned<HumanDuration>>,
     /// The largest response stored (encoded, compressed).
     pub storage_cap: Option<Spanned<ByteSize>>,
     /// Store 5xx responses too (Stripe's way).

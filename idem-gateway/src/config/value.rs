@@ -523,51 +523,120 @@ impl FromStr for MethodName {
 
 deserialize_from_str!(MethodName, "a method name such as \"POST\"");
 
-/// Where the scope of a record comes from.
+/// Where the scope of a record comes from: one source (`authorization`, `header:X-Tenant`,
+/// `cookie:session`, `none`), or several hashed together (a list of sources).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ScopeSpec {
     /// A hash of the `Authorization` header (`authorization`, the default).
     Authorization,
-    /// A tenant header's value (`header:X-Tenant`).
+    /// A tenant header's value (`header:X-Tenant`); a credential header (`Authorization`,
+    /// `Proxy-Authorization`, `Cookie`, `X-Api-Key`) is hashed.
     Header(String),
+    /// A hash of one named cookie's value (`cookie:session`).
+    Cookie(String),
+    /// A hash of several sources together (`["authorization", "cookie:session"]`), each
+    /// source's absence told from an empty value. Never empty, and never `none` or a list.
+    All(Vec<ScopeSpec>),
     /// No scope: every caller shares one namespace (`none`).
     None,
+}
+
+impl ScopeSpec {
+    /// The source of a combined scope this is; `None` for `none` or a list.
+    #[must_use]
+    pub fn part(&self) -> Option<idem_http::ScopePart> {
+        match self {
+            ScopeSpec::Authorization => Some(idem_http::ScopePart::authorization()),
+            ScopeSpec::Header(name) => idem_http::ScopePart::header(name).ok(),
+            ScopeSpec::Cookie(name) => idem_http::ScopePart::cookie(name).ok(),
+            ScopeSpec::All(_) | ScopeSpec::None => None,
+        }
+    }
+
+    /// A list of sources, each checked.
+    fn all(parts: Vec<ScopeSpec>) -> Result<Self, String> {
+        if parts.is_empty() {
+            return Err(
+                "an empty scope list: name at least one source, or write scope = \"none\"".into(),
+            );
+        }
+        if parts.iter().any(|part| part.part().is_none()) {
+            return Err("a scope list holds sources only: authorization, header:NAME or cookie:NAME (not none)".into());
+        }
+        Ok(ScopeSpec::All(parts))
+    }
 }
 
 impl FromStr for ScopeSpec {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let invalid = || {
+            format!(
+                "invalid scope {text:?}: expected authorization, none, header:NAME, cookie:NAME \
+                 or a list of sources"
+            )
+        };
         match text.trim() {
             "authorization" => Ok(ScopeSpec::Authorization),
             "none" => Ok(ScopeSpec::None),
-            other => match other.strip_prefix("header:") {
-                Some(name) if http::HeaderName::from_bytes(name.as_bytes()).is_ok() => {
-                    Ok(ScopeSpec::Header(name.to_owned()))
-                }
-                _ => Err(format!(
-                    "invalid scope {text:?}: expected authorization, none or header:NAME"
-                )),
-            },
+            other => {
+                let spec = if let Some(name) = other.strip_prefix("header:") {
+                    ScopeSpec::Header(name.to_owned())
+                } else if let Some(name) = other.strip_prefix("cookie:") {
+                    ScopeSpec::Cookie(name.to_owned())
+                } else {
+                    return Err(invalid());
+                };
+                spec.part().map(|_| spec).ok_or_else(invalid)
+            }
         }
     }
 }
 
-/// The scope as the configuration writes it (`authorization`, `none`, `header:NAME`).
+/// The scope as the configuration writes it (`authorization`, `none`, `header:NAME`,
+/// `cookie:NAME`, `["authorization", "cookie:NAME"]`).
 impl fmt::Display for ScopeSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ScopeSpec::Authorization => f.write_str("authorization"),
             ScopeSpec::Header(name) => write!(f, "header:{name}"),
+            ScopeSpec::Cookie(name) => write!(f, "cookie:{name}"),
+            ScopeSpec::All(parts) => {
+                let parts: Vec<String> = parts.iter().map(|p| format!("\"{p}\"")).collect();
+                write!(f, "[{}]", parts.join(", "))
+            }
             ScopeSpec::None => f.write_str("none"),
         }
     }
 }
 
-deserialize_from_str!(
-    ScopeSpec,
-    "a scope: \"authorization\", \"none\" or \"header:NAME\""
-);
+/// A scope is a string, or a list of strings (several sources hashed together).
+impl<'de> Deserialize<'de> for ScopeSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ScopeSpec;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "a scope: \"authorization\", \"none\", \"header:NAME\", \"cookie:NAME\", \
+                     or a list of those sources",
+                )
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<ScopeSpec, E> {
+                text.parse().map_err(E::custom)
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<ScopeSpec, A::Error> {
+                let mut parts = Vec::new();
+                while let Some(text) = seq.next_element::<String>()? {
+                    parts.push(text.parse().map_err(de::Error::custom)?);
+                }
+                ScopeSpec::all(parts).map_err(de::Error::custom)
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -760,5 +829,12 @@ mod tests {
         );
         assert!("header:bad name".parse::<ScopeSpec>().is_err());
         assert!("tenant".parse::<ScopeSpec>().is_err());
+        assert_eq!(
+            "cookie:session".parse::<ScopeSpec>().unwrap(),
+            ScopeSpec::Cookie("session".into())
+        );
+        for bad in ["cookie:", "cookie:a b", "cookie:a;b"] {
+            assert!(bad.parse::<ScopeSpec>().is_err(), "{bad}");
+        }
     }
 }
