@@ -19,7 +19,7 @@ use super::toml::{
     AdminSection, FileConfig, LogSection, ServerSection, StoreSection, UpstreamSection,
 };
 use super::value::{ByteSize, HumanDuration, ListenAddr, StoreSpec, UpstreamUrl};
-use crate::store::SettingError;
+use crate::store::{Backends, SettingError};
 
 /// How errors name an override: the flag and its environment variable, since either may
 /// have set it.
@@ -115,7 +115,13 @@ impl Config {
         } = file;
         let (server, server_listen_at) = server_config(server, flags.listen, origin)?;
         let upstream = upstream_config(&upstream, flags.upstream_url, origin)?;
-        let store = store_config(store, flags.store_spec, overrides, origin)?;
+        let store = store_config(
+            store,
+            flags.store_spec,
+            overrides,
+            origin,
+            Backends::COMPILED,
+        )?;
         let admin = admin_config(
             admin,
             flags.admin_listen,
@@ -287,12 +293,14 @@ fn upstream_config(
     Ok(upstream)
 }
 
-/// `[store]`: the store's own client checks its URL and namespace, without connecting.
+/// `[store]`: a store the build lacks (see [`Backends`]) is refused, and the store's own client
+/// checks its URL and namespace, without connecting.
 fn store_config(
     store: StoreSection,
     store_spec: Option<StoreSpec>,
     overrides: &Overrides,
     origin: &Origin,
+    backends: Backends,
 ) -> Result<StoreConfig, ConfigError> {
     let namespace = match &store.namespace {
         Some(spanned) => {
@@ -340,15 +348,15 @@ fn store_config(
     let spec = store_spec
         .or(store.url.map(Spanned::into_inner))
         .unwrap_or(StoreSpec::Memory);
+    let at_spec = |message: String| match spec_at {
+        Some(at) => origin.error_at(Some(at), message),
+        None if overrides.store.is_some() => ConfigError::new(Some(STORE_FLAG.to_owned()), message),
+        None => origin.error_at(None, message),
+    };
+    backends.check(&spec).map_err(at_spec)?;
     if let Err(err) = crate::store::check_settings(&spec, &namespace) {
         return Err(match err {
-            SettingError::Url(message) => match spec_at {
-                Some(at) => origin.error_at(Some(at), message),
-                None if overrides.store.is_some() => {
-                    ConfigError::new(Some(STORE_FLAG.to_owned()), message)
-                }
-                None => origin.error_at(None, message),
-            },
+            SettingError::Url(message) => at_spec(message),
             SettingError::Namespace(message) => {
                 origin.error_at(store.namespace.as_ref().map(|ns| ns.span().start), message)
             }
@@ -448,4 +456,58 @@ fn log_config(log: LogSection, origin: &Origin) -> Result<LogConfig, ConfigError
         level,
     };
     Ok(log)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// The `[store]` of `text`, checked for a build with `backends`.
+    fn store_of(text: &str, backends: Backends) -> Result<StoreConfig, ConfigError> {
+        let file: FileConfig = ::toml::from_str(text).unwrap();
+        let origin = Origin::file("idem.toml", text);
+        store_config(file.store, None, &Overrides::default(), &origin, backends)
+    }
+
+    /// A build without a store refuses it in the configuration, so `check-config` and `serve`
+    /// (both build the configuration) refuse it alike: before, only opening it did, and
+    /// `check-config` said `ok`.
+    #[test]
+    fn a_store_the_build_lacks_is_refused_at_its_line() {
+        let without_redis = Backends {
+            redis: false,
+            postgres: true,
+            redb: true,
+        };
+        let text = "[store]\nurl = \"redis://127.0.0.1:6379\"\n";
+        let err = store_of(text, without_redis).unwrap_err();
+        assert_eq!(err.location(), Some("idem.toml:2:7"), "{err}");
+        assert!(
+            err.message()
+                .starts_with("the redis store is not in this build of idem"),
+            "{err}"
+        );
+        let flag = Overrides {
+            store: Some("redis://127.0.0.1:6379".to_owned()),
+            ..Overrides::default()
+        };
+        let file = FileConfig::default();
+        let err = store_config(
+            file.store,
+            Some("redis://127.0.0.1:6379".parse().unwrap()),
+            &flag,
+            &Origin::none(),
+            without_redis,
+        )
+        .unwrap_err();
+        assert_eq!(err.location(), Some(STORE_FLAG), "{err}");
+        assert!(store_of("[store]\nurl = \"memory\"\n", without_redis).is_ok());
+        let all = Backends {
+            redis: true,
+            ..without_redis
+        };
+        assert!(store_of(text, all).is_ok());
+    }
 }
