@@ -21,6 +21,11 @@ use super::toml::{
 use super::value::{ByteSize, HumanDuration, ListenAddr, StoreSpec, UpstreamUrl};
 use crate::store::{Backends, SettingError};
 
+/// The shortest admin token taken, in bytes: 16 printable characters are more than 2^100
+/// guesses, so the admin listener may always accept the right token (see
+/// [`Throttle`](crate::admin::access::Throttle)).
+pub const MIN_TOKEN_LEN: usize = 16;
+
 /// How errors name an override: the flag and its environment variable, since either may
 /// have set it.
 const STORE_FLAG: &str = "--store (or IDEM_STORE)";
@@ -391,8 +396,19 @@ fn admin_config(
     };
     let token = match token {
         Some((token, at, name)) => {
-            if token.is_empty() || !token.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
-                let message = "the admin token must be printable ASCII without spaces";
+            let refused = if !token.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+                Some("the admin token must be printable ASCII without spaces".to_owned())
+            } else if token.len() < MIN_TOKEN_LEN {
+                Some(format!(
+                    "the admin token is {} bytes: it must be at least {MIN_TOKEN_LEN}, so that it \
+                     cannot be guessed (a wrong token is throttled, the right one never is); \
+                     `openssl rand -hex 16` makes one",
+                    token.len()
+                ))
+            } else {
+                None
+            };
+            if let Some(message) = refused {
                 return Err(match at {
                     Some(at) => origin.error_at(Some(at), message),
                     None => ConfigError::new(Some(name.to_owned()), message),

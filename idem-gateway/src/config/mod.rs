@@ -40,6 +40,7 @@ mod routes;
 pub mod toml;
 pub mod value;
 
+pub use build::MIN_TOKEN_LEN;
 pub use internal::{
     AdminConfig, Config, LogConfig, Origin, Overrides, Route, RouteSettings, ServerConfig,
     StoreConfig, UpstreamConfig,
