@@ -14,6 +14,7 @@ use super::internal::{
     AdminConfig, Config, LogConfig, Origin, Overrides, ServerConfig, StoreConfig, UpstreamConfig,
     defaults,
 };
+use super::lint;
 use super::routes::route_configs;
 use super::toml::{
     AdminSection, FileConfig, LogSection, ServerSection, StoreSection, UpstreamSection,
@@ -29,6 +30,8 @@ pub const MIN_TOKEN_LEN: usize = 16;
 /// How errors name an override: the flag and its environment variable, since either may
 /// have set it.
 const STORE_FLAG: &str = "--store (or IDEM_STORE)";
+/// See [`STORE_FLAG`].
+const ADMIN_LISTEN_FLAG: &str = "--admin-listen (or IDEM_ADMIN_LISTEN)";
 /// See [`STORE_FLAG`].
 const LEASE_FLAG: &str = "--lease (or IDEM_LEASE)";
 /// See [`STORE_FLAG`].
@@ -136,12 +139,14 @@ impl Config {
             server_listen_at,
         )?;
         let log = log_config(log, origin)?;
+        let mut warnings = Vec::new();
         let routes = route_configs(
             idempotency.as_ref(),
             &routes,
             flags.lease,
             flags.retention,
             origin,
+            &mut warnings,
         )?;
         Ok(Config {
             server,
@@ -150,6 +155,7 @@ impl Config {
             admin,
             log,
             routes,
+            warnings,
         })
     }
 }
@@ -173,10 +179,7 @@ impl Flags {
         let retention =
             flag::<HumanDuration>(overrides.retention.as_ref(), RETENTION_FLAG)?.map(|d| d.0);
         let lease = flag::<HumanDuration>(overrides.lease.as_ref(), LEASE_FLAG)?.map(|d| d.0);
-        let admin_listen = socket_addr(
-            overrides.admin_listen.as_ref(),
-            "--admin-listen (or IDEM_ADMIN_LISTEN)",
-        )?;
+        let admin_listen = socket_addr(overrides.admin_listen.as_ref(), ADMIN_LISTEN_FLAG)?;
         for (value, name) in [(lease, LEASE_FLAG), (retention, RETENTION_FLAG)] {
             if value.is_some_and(|d| d.is_zero()) {
                 return Err(ConfigError::new(
@@ -430,22 +433,29 @@ fn admin_config(
         token,
     });
     if let Some(admin) = &admin {
+        // The admin address is named where it was set: a flag, or the file.
+        let at_admin_listen = |message: String| {
+            if overrides.admin_listen.is_some() {
+                ConfigError::new(Some(ADMIN_LISTEN_FLAG.to_owned()), message)
+            } else {
+                origin.error_at(admin_listen_at, message)
+            }
+        };
+        lint::admin_listener(admin.listen, admin.token.as_deref()).map_err(at_admin_listen)?;
         if same_port(server.listen, admin.listen) {
             let message = format!(
                 "the admin listener ({}) and the gateway ({}) cannot share a port: give the admin listener another (or disable it)",
                 admin.listen, server.listen
             );
-            // The admin address is named where it was set: a flag, or the file.
-            return Err(match (overrides.admin_listen.is_some(), admin_listen_at) {
-                (true, _) => ConfigError::new(
-                    Some("--admin-listen (or IDEM_ADMIN_LISTEN)".to_owned()),
-                    message,
-                ),
-                (false, Some(at)) => origin.error_at(Some(at), message),
-                (false, None) if overrides.listen.is_some() => {
+            // Where the admin address is the default, the gateway's is named.
+            return Err(match admin_listen_at {
+                None if overrides.admin_listen.is_none() && overrides.listen.is_some() => {
                     ConfigError::new(Some("--listen (or IDEM_LISTEN)".to_owned()), message)
                 }
-                (false, None) => origin.error_at(server_listen_at, message),
+                None if overrides.admin_listen.is_none() => {
+                    origin.error_at(server_listen_at, message)
+                }
+                _ => at_admin_listen(message),
             });
         }
     }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use http::{HeaderName, Method};
 
 use super::ConfigError;
+use super::lint::ConfigWarning;
 use super::toml::{KeyMode, LogFormat, OnStoreError};
 use super::value::{PathPattern, ScopeSpec, StoreSpec, UpstreamUrl};
 use crate::normal_path::NormalPath;
@@ -111,6 +112,9 @@ pub struct Config {
     pub log: LogConfig,
     /// The routes in order, ending with the catch-all `/` route of the `[idempotency]` settings.
     pub routes: Vec<Route>,
+    /// The settings taken that are most likely mistakes (see [`super::lint`]): `check-config`
+    /// prints them, `serve` logs them.
+    pub warnings: Vec<ConfigWarning>,
 }
 
 /// The public listener.

@@ -36,6 +36,7 @@ use std::path::Path;
 
 mod build;
 pub mod internal;
+pub mod lint;
 mod routes;
 pub mod toml;
 pub mod value;
@@ -45,6 +46,7 @@ pub use internal::{
     AdminConfig, Config, LogConfig, Origin, Overrides, Route, RouteSettings, ServerConfig,
     StoreConfig, UpstreamConfig,
 };
+pub use lint::ConfigWarning;
 pub use value::{
     ByteSize, HumanDuration, ListenAddr, PathPattern, ScopeSpec, StoreSpec, UpstreamUrl,
 };

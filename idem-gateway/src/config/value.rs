@@ -507,7 +507,8 @@ impl fmt::Display for PathPattern {
     }
 }
 
-/// An HTTP method name (`POST`; lower case is taken as upper case).
+/// An HTTP method name, as a request writes it: `POST`. Method names are case-sensitive (RFC
+/// 9110 section 9.1), so `post` is refused, with the name to write, rather than guessed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MethodName(pub Method);
 
@@ -515,9 +516,17 @@ impl FromStr for MethodName {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        Method::from_bytes(text.trim().to_ascii_uppercase().as_bytes())
-            .map(MethodName)
-            .map_err(|_| format!("invalid method {text:?}"))
+        let name = text.trim();
+        let method =
+            Method::from_bytes(name.as_bytes()).map_err(|_| format!("invalid method {text:?}"))?;
+        let upper = name.to_ascii_uppercase();
+        if upper != name {
+            return Err(format!(
+                "method {text:?} is not in upper case: method names are case-sensitive \
+                 (RFC 9110 section 9.1): write {upper:?}"
+            ));
+        }
+        Ok(MethodName(method))
     }
 }
 
@@ -752,7 +761,9 @@ mod tests {
 
     #[test]
     fn methods_and_scopes() {
-        assert_eq!("post".parse::<MethodName>().unwrap().0, Method::POST);
+        assert_eq!("POST".parse::<MethodName>().unwrap().0, Method::POST);
+        let lower = "post".parse::<MethodName>().unwrap_err();
+        assert!(lower.contains("write \"POST\""), "{lower}");
         assert!("PO ST".parse::<MethodName>().is_err());
         assert_eq!(
             "header:X-Tenant".parse::<ScopeSpec>().unwrap(),
