@@ -551,6 +551,7 @@ pub fn summary(config: &Config) -> Value {
             json!({
                 "name": route.name,
                 "path": route.path.to_string(),
+                "case_insensitive": route.path.case_insensitive(),
                 "enabled": s.enabled,
                 "header": s.header.as_str(),
                 "methods": s.methods.iter().map(|m| m.as_str()).collect::<Vec<_>>(),

@@ -11,7 +11,7 @@ use http::{HeaderName, Method};
 use super::ConfigError;
 use super::lint::ConfigWarning;
 use super::toml::{KeyMode, LogFormat, OnStoreError};
-use super::value::{PathPattern, ScopeSpec, StoreSpec, UpstreamUrl};
+use super::value::{RoutePath, ScopeSpec, StoreSpec, UpstreamUrl};
 use crate::normal_path::NormalPath;
 
 /// The defaults, in one place (the example config repeats them).
@@ -192,8 +192,8 @@ pub struct LogConfig {
 pub struct Route {
     /// Its name in logs and metrics.
     pub name: String,
-    /// The paths it covers.
-    pub path: PathPattern,
+    /// The paths it covers, and whether it folds their case.
+    pub path: RoutePath,
     /// What the idempotency layer does on it.
     pub settings: RouteSettings,
 }

@@ -48,7 +48,7 @@ pub use internal::{
 };
 pub use lint::ConfigWarning;
 pub use value::{
-    ByteSize, HumanDuration, ListenAddr, PathPattern, ScopeSpec, StoreSpec, UpstreamUrl,
+    ByteSize, HumanDuration, ListenAddr, PathPattern, RoutePath, ScopeSpec, StoreSpec, UpstreamUrl,
 };
 
 /// A configuration that cannot be used: one line, naming where the bad value is.

@@ -12,7 +12,7 @@ use super::build::{positive, size};
 use super::internal::{DEFAULT_ROUTE, Origin, Route, RouteSettings};
 use super::lint::{self, Warnings};
 use super::toml::RouteSection;
-use super::value::{HumanDuration, PathPattern};
+use super::value::{HumanDuration, PathPattern, RoutePath};
 
 fn header_names(
     names: &[String],
@@ -195,10 +195,10 @@ pub(super) fn route_configs(
         Some(spanned) => (spanned.get_ref().clone(), Some(spanned.span().start)),
         None => (RouteSection::default(), None),
     };
-    if top.path.is_some() || top.name.is_some() {
+    if top.path.is_some() || top.name.is_some() || top.case_insensitive.is_some() {
         return Err(origin.error_at(
             top_at,
-            "[idempotency] takes no name or path: those are for [[route]] entries",
+            "[idempotency] takes no name, path or case_insensitive: those are for [[route]] entries",
         ));
     }
     let defaults = settings(&top, &base, lease, retention, origin, top_at, warnings)?;
@@ -224,13 +224,13 @@ pub(super) fn route_configs(
         }
         resolved.push(Route {
             name,
-            path,
+            path: RoutePath::new(path, section.case_insensitive.unwrap_or(false)),
             settings: settings(section, &defaults, lease, retention, origin, at, warnings)?,
         });
     }
     resolved.push(Route {
         name: DEFAULT_ROUTE.to_owned(),
-        path: PathPattern::Prefix("/".to_owned()),
+        path: RoutePath::new(PathPattern::Prefix("/".to_owned()), false),
         settings: defaults,
     });
     Ok(resolved)
