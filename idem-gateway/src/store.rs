@@ -61,8 +61,9 @@ impl Backends {
         let kind = spec.kind();
         Err(format!(
             "the {kind} store is not in this build of idem (built without the `{kind}` feature): \
-             use a default build (`cargo install idem-gateway` has every store), or add it with \
-             `cargo build --release -p idem-gateway --features {kind}`"
+             build idem with its default features, which include every store \
+             (`cargo build --release -p idem-gateway`), or add `--features {kind}` to the slim \
+             build"
         ))
     }
 
