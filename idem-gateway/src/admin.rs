@@ -172,7 +172,8 @@ impl Admin {
     }
 
     /// Checks the bearer token of `request` from `peer`: a peer that sent too many wrong
-    /// tokens waits (see [`Throttle`]) before its token is checked again.
+    /// tokens gets 429 for a wrong one (see [`Throttle`]) until its window ends; the right one
+    /// is accepted all the same.
     fn bearer<B>(&self, request: &Request<B>, peer: Option<IpAddr>) -> Access {
         let Some(token) = &self.token else {
             return Access::Granted;
@@ -183,13 +184,17 @@ impl Admin {
         self.check(bearer_token(given.as_bytes()), token, peer)
     }
 
-    /// Compares a token `given` by `peer` with the listener's, counting a wrong one.
+    /// Compares a token `given` by `peer` with the listener's, counting a wrong one. The right
+    /// token is always accepted: only wrong ones are throttled, so a peer that sends wrong
+    /// tokens from the operator's address cannot lock the operator out. That a right guess is
+    /// let through even then tells a guesser nothing worth having: the token is at least
+    /// [`MIN_TOKEN_LEN`](crate::config::MIN_TOKEN_LEN) bytes, too many to guess at any rate.
     fn check(&self, given: &[u8], token: &str, peer: Option<IpAddr>) -> Access {
-        if let Some(wait) = self.throttle.wait(peer) {
-            return Access::Throttled(wait);
-        }
         if same(given, token.as_bytes()) {
             return Access::Granted;
+        }
+        if let Some(wait) = self.throttle.wait(peer) {
+            return Access::Throttled(wait);
         }
         self.throttle.failed(peer);
         tracing::warn!(peer = ?peer, "admin: a wrong token");

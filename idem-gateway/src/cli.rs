@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::Overrides;
+use crate::store::Backends;
 
 /// idem: idempotency in front of any HTTP service.
 ///
@@ -42,13 +43,13 @@ pub struct OverrideArgs {
     /// The upstream service, e.g. http://127.0.0.1:3000.
     #[arg(long, env = "IDEM_UPSTREAM", global = true, value_name = "URL")]
     pub upstream: Option<String>,
-    /// The store (`memory`, `redis://...`, `postgres://...` or `redb:PATH`).
+    /// The store: the forms of the stores this build has ([`Backends::forms`]).
     #[arg(
         long,
         env = "IDEM_STORE",
         global = true,
         value_name = "STORE",
-        help = "The store: memory, redis://HOST[:PORT][/DB], postgres://USER@HOST/DB or redb:PATH"
+        help = format!("The store: {}", Backends::COMPILED.forms())
     )]
     pub store: Option<String>,
     /// How long stored responses are kept, on every route (e.g. 24h).

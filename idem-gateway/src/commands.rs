@@ -318,6 +318,9 @@ fn workers(
 /// `idem serve`.
 async fn serve(config: Config, metrics: Option<RenderMetrics>) -> Result<(), Failure> {
     crate::telemetry::init_logs(&config.log);
+    for warning in &config.warnings {
+        tracing::warn!(%warning, "a setting that is most likely a mistake");
+    }
     let running = start(&config, metrics, crate::server::shutdown_signal()).await?;
     let upstream = config.require_upstream()?;
     say(&format!("listening on {}", running.listen));
@@ -521,6 +524,9 @@ fn check_config(config: Result<Config, ConfigError>, json: bool) -> Result<(), F
         return upstream.map(|_| ()).map_err(Failure::Config);
     }
     let upstream = upstream?;
+    for warning in &config.warnings {
+        warn(&format!("warning: {warning}"));
+    }
     say(&format!(
         "ok: listen {}, upstream {upstream}, store {}, {} route(s), admin {}",
         config.server.listen,
@@ -545,6 +551,7 @@ pub fn summary(config: &Config) -> Value {
             json!({
                 "name": route.name,
                 "path": route.path.to_string(),
+                "case_insensitive": route.path.case_insensitive(),
                 "enabled": s.enabled,
                 "header": s.header.as_str(),
                 "methods": s.methods.iter().map(|m| m.as_str()).collect::<Vec<_>>(),
@@ -579,12 +586,20 @@ pub fn summary(config: &Config) -> Value {
             "token": a.token.is_some(),
         })),
         "routes": routes,
+        "warnings": config.warnings.iter().map(ToString::to_string).collect::<Vec<_>>(),
     })
 }
 
 /// A duration in whole milliseconds, saturating.
 fn millis(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Writes a line to stderr (a warning: stdout keeps what a script reads).
+fn warn(line: &str) {
+    use std::io::Write as _;
+    let mut out = std::io::stderr().lock();
+    let _ = writeln!(out, "{line}");
 }
 
 /// Writes a line to stdout; a closed stdout (`idem ... | head`) is not an error worth a panic.

@@ -20,7 +20,7 @@ use tower_service::Service;
 
 use crate::body::{GatewayBody, RequestBody, boxed, full};
 use crate::config::toml::{KeyMode, OnStoreError};
-use crate::config::{Config, ConfigError, PathPattern, RouteSettings, ScopeSpec};
+use crate::config::{Config, ConfigError, RoutePath, RouteSettings, ScopeSpec};
 use crate::normal_path::{NormalPath, PathError};
 use crate::proxy::{ClientAddr, Proxy, ProxyError, Tracker};
 
@@ -114,7 +114,7 @@ enum RouteService {
 #[derive(Debug)]
 struct RouteEntry {
     name: String,
-    path: PathPattern,
+    path: RoutePath,
     service: RouteService,
     /// Requests by status class: 1xx to 5xx.
     by_class: [Counter; 5],

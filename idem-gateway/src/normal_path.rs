@@ -13,7 +13,9 @@
 //!    climb above the root is [`PathError::AboveRoot`] (the gateway answers 400, as nginx does).
 //!
 //! A trailing `/` is kept in the normal form; [`NormalPath::for_matching`] drops it, since
-//! routes ignore it. Only the route is chosen with the normal form: the request goes to the
+//! routes ignore it. Case is kept: a route folds it when it says so
+//! ([`RoutePath`](crate::config::RoutePath)). Nothing else makes two paths one: `/a;x`,
+//! `/a.json` and `/a%2F7` are other segments than `a`. Only the route is chosen with the normal form: the request goes to the
 //! upstream as it came, and its fingerprint is over the path as sent.
 //!
 //! ```

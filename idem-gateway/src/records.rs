@@ -196,23 +196,27 @@ pub struct ArgNames {
     pub state: &'static str,
     /// The age filter.
     pub older_than: &'static str,
+    /// The most records.
+    pub limit: &'static str,
 }
 
 impl ArgNames {
-    /// `idem keys`: `KEY`, `--scope`, `--state`, `--older-than`.
+    /// `idem keys`: `KEY`, `--scope`, `--state`, `--older-than`, `--limit`.
     pub const FLAGS: ArgNames = ArgNames {
         key: "KEY",
         scope: "--scope",
         state: "--state",
         older_than: "--older-than",
+        limit: "--limit",
     };
     /// The key API's query parameters and the `/ui` form's fields: `key`, `scope`, `state`,
-    /// `older_than`.
+    /// `older_than`, `limit`.
     pub const PARAMS: ArgNames = ArgNames {
         key: "key",
         scope: "scope",
         state: "state",
         older_than: "older_than",
+        limit: "limit",
     };
 }
 
@@ -243,17 +247,24 @@ fn scope_error(err: &KeyError) -> String {
 }
 
 /// The scan of `keys list`: a state (`in_flight`, `completed`, `failed`), a minimum age (a
-/// human duration such as `10m`) and a page size, clamped to 1..=[`ScanQuery::DEFAULT_LIMIT`].
+/// human duration such as `10m`) and a page size: at least 1 (a limit of 0 is refused, not
+/// read as 1), and at most [`ScanQuery::DEFAULT_LIMIT`] a page.
 ///
 /// # Errors
-/// [`ConfigError`] naming the state or the age as `names` does.
+/// [`ConfigError`] naming the state, the age or the limit as `names` does.
 pub fn scan_query(
     state: Option<&str>,
     older_than: Option<&str>,
     limit: usize,
     names: ArgNames,
 ) -> Result<ScanQuery, ConfigError> {
-    let mut query = ScanQuery::all().with_limit(limit.clamp(1, ScanQuery::DEFAULT_LIMIT));
+    if limit == 0 {
+        return Err(ConfigError::new(
+            Some(names.limit.to_owned()),
+            "the limit is 0: ask for at least 1 record",
+        ));
+    }
+    let mut query = ScanQuery::all().with_limit(limit.min(ScanQuery::DEFAULT_LIMIT));
     if let Some(state) = state {
         let state: State = state.parse().map_err(|err: idem_core::ParseStateError| {
             ConfigError::new(Some(names.state.to_owned()), err.to_string())
@@ -335,6 +346,8 @@ mod tests {
         let query = scan_query(Some("in_flight"), Some("10m"), 1000, ArgNames::FLAGS).unwrap();
         assert_eq!(query.state, Some(State::InFlight));
         assert_eq!(query.limit, ScanQuery::DEFAULT_LIMIT);
+        let zero = scan_query(None, None, 0, ArgNames::PARAMS).unwrap_err();
+        assert_eq!(zero.location(), Some("limit"), "{zero}");
         assert!(
             scan_query(Some("done"), None, 1, ArgNames::FLAGS)
                 .unwrap_err()

@@ -2,7 +2,10 @@
 //! maintenance commands (`idem store migrate|sweep`).
 //!
 //! The memory store is always built in; the others are cargo features of this crate
-//! (`redis`, `postgres`, `redb`), so the default build compiles no database client.
+//! (`redis`, `postgres`, `redb`), all three on by default: an installed gateway opens every
+//! store, and `--no-default-features` gives a slim build with the memory store alone (add
+//! back the ones wanted with `--features`). [`Backends`] says which stores a build has: the
+//! configuration refuses the others, for `check-config` and `serve` alike.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +15,78 @@ use idem_store_memory::MemoryStore;
 
 use crate::commands::Failure;
 use crate::config::{ConfigError, StoreConfig, StoreSpec};
+
+/// The stores a build of idem can open besides the memory store, which every build has. ONE
+/// place decides what a build can run: [`Config::build`](crate::config::Config::build) checks
+/// the store against [`Backends::COMPILED`] (so `check-config` refuses what `serve` would, with
+/// the same message and exit code 2), opening a store checks it again, and `--help` lists the
+/// forms of [`Backends::forms`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backends {
+    /// `redis://...`, `redis+cluster://...` (feature `redis`).
+    pub redis: bool,
+    /// `postgres://...` (feature `postgres`).
+    pub postgres: bool,
+    /// `redb:PATH` (feature `redb`).
+    pub redb: bool,
+}
+
+impl Backends {
+    /// The stores this build was compiled with.
+    pub const COMPILED: Backends = Backends {
+        redis: cfg!(feature = "redis"),
+        postgres: cfg!(feature = "postgres"),
+        redb: cfg!(feature = "redb"),
+    };
+
+    /// Whether this build has the store `spec` names.
+    #[must_use]
+    pub fn has(self, spec: &StoreSpec) -> bool {
+        match spec {
+            StoreSpec::Memory => true,
+            StoreSpec::Redis(_) => self.redis,
+            StoreSpec::Postgres(_) => self.postgres,
+            StoreSpec::Redb(_) => self.redb,
+        }
+    }
+
+    /// Refuses a store this build lacks, saying how to get a build that has it.
+    ///
+    /// # Errors
+    /// The one-line reason, when this build cannot open `spec`.
+    pub fn check(self, spec: &StoreSpec) -> Result<(), String> {
+        if self.has(spec) {
+            return Ok(());
+        }
+        let kind = spec.kind();
+        Err(format!(
+            "the {kind} store is not in this build of idem (built without the `{kind}` feature): \
+             build idem with its default features, which include every store \
+             (`cargo build --release -p idem-gateway`), or add `--features {kind}` to the slim \
+             build"
+        ))
+    }
+
+    /// The store forms this build takes, for `--help`: `memory, redis://HOST[:PORT][/DB], ...`.
+    #[must_use]
+    pub fn forms(self) -> String {
+        let mut forms = vec!["memory"];
+        if self.redis {
+            forms.push("redis://HOST[:PORT][/DB]");
+            forms.push("redis+cluster://HOST:PORT,HOST:PORT");
+        }
+        if self.postgres {
+            forms.push("postgres://USER@HOST[:PORT]/DB");
+        }
+        if self.redb {
+            forms.push("redb:PATH");
+        }
+        match forms.split_last() {
+            Some((last, init)) if !init.is_empty() => format!("{} or {last}", init.join(", ")),
+            _ => "memory (this build has no other store)".to_owned(),
+        }
+    }
+}
 
 /// Opens (connects to) the store. A PostgreSQL store applies its migrations on connect.
 ///
@@ -368,13 +443,83 @@ fn unreachable(spec: &StoreSpec, err: &dyn std::fmt::Display) -> Failure {
     Failure::runtime(format!("store {spec}: {err}"))
 }
 
-/// The error for a store this build cannot open.
+/// The error for a store this build cannot open (the configuration refuses it first: see
+/// [`Backends`]).
 fn unavailable(spec: &StoreSpec) -> ConfigError {
-    let kind = spec.kind();
-    ConfigError::new(
-        Some("store".to_owned()),
-        format!(
-            "the {kind} store is not available in this build of idem: build it with `cargo build --release -p idem-gateway --features {kind}`"
-        ),
-    )
+    let reason = Backends::COMPILED
+        .check(spec)
+        .err()
+        .unwrap_or_else(|| format!("the {} store cannot be opened", spec.kind()));
+    ConfigError::new(Some("store".to_owned()), reason)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn spec(text: &str) -> StoreSpec {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn a_build_opens_only_the_stores_it_has() {
+        let slim = Backends {
+            redis: false,
+            postgres: false,
+            redb: false,
+        };
+        let all = Backends {
+            redis: true,
+            postgres: true,
+            redb: true,
+        };
+        for text in [
+            "redis://127.0.0.1:6379",
+            "postgres://u@h/test",
+            "redb:idem.redb",
+        ] {
+            let refused = slim.check(&spec(text)).unwrap_err();
+            let kind = spec(text).kind();
+            assert!(
+                refused.contains(&format!("the {kind} store is not in this build"))
+                    && refused.contains(&format!("--features {kind}")),
+                "{refused}"
+            );
+            assert_eq!(all.check(&spec(text)), Ok(()), "{text}");
+        }
+        assert_eq!(slim.check(&StoreSpec::Memory), Ok(()));
+        let no_redis = Backends {
+            redis: false,
+            ..all
+        };
+        assert!(no_redis.check(&spec("redis+cluster://h:1,h:2")).is_err());
+        assert_eq!(no_redis.check(&spec("postgres://u@h/test")), Ok(()));
+    }
+
+    #[test]
+    fn help_lists_only_the_stores_of_the_build() {
+        let all = Backends {
+            redis: true,
+            postgres: true,
+            redb: true,
+        };
+        assert_eq!(
+            all.forms(),
+            "memory, redis://HOST[:PORT][/DB], redis+cluster://HOST:PORT,HOST:PORT, \
+             postgres://USER@HOST[:PORT]/DB or redb:PATH"
+        );
+        let redb_only = Backends {
+            redis: false,
+            postgres: false,
+            redb: true,
+        };
+        assert_eq!(redb_only.forms(), "memory or redb:PATH");
+        let slim = Backends {
+            redb: false,
+            ..redb_only
+        };
+        assert_eq!(slim.forms(), "memory (this build has no other store)");
+    }
 }

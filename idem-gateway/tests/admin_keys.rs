@@ -171,7 +171,7 @@ async fn keys_through_the_admin_listener_list_and_delete_a_request_in_flight() {
     );
 
     // A wrong token: said to be refused, not missing.
-    let (code, _, err) = idem_keys(&admin, Some("not-the-token"), &["list"]).await;
+    let (code, _, err) = idem_keys(&admin, Some("not-the-token-at-all"), &["list"]).await;
     assert_eq!(code, 1, "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
@@ -371,8 +371,11 @@ async fn with_a_token_a_host_name_is_fine() {
     assert_eq!(reply.status, 200, "{}", reply.text());
 }
 
+/// Ten wrong tokens from one address get that address's wrong tokens 429 for the rest of the
+/// minute, and the right token still works: before, it was answered 429 too, so whoever shared
+/// the operator's address locked the operator out with ten guesses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ten_wrong_tokens_and_the_token_is_not_checked_for_a_while() {
+async fn ten_wrong_tokens_are_throttled_and_the_right_token_still_works() {
     use idem_gateway::admin::access::MAX_FAILURES;
     let fixture = Fixture::start();
     let gateway = Gateway::start(&config_with(fixture.addr, "", &with_token())).await;
@@ -397,9 +400,14 @@ async fn ten_wrong_tokens_and_the_token_is_not_checked_for_a_while() {
             .await;
         assert_eq!(reply.status, 401, "guess {i}");
     }
-    // Now even the right token waits, so a guess that happens to be right says nothing.
+    // A further wrong token waits.
     let reply = http
-        .send(Method::GET, &keys, &[("authorization", right.as_str())], "")
+        .send(
+            Method::GET,
+            &keys,
+            &[("authorization", "Bearer guess-x")],
+            "",
+        )
         .await;
     assert_eq!(reply.status, 429);
     let retry_after: u64 = reply.header("retry-after").unwrap().parse().unwrap();
@@ -411,11 +419,15 @@ async fn ten_wrong_tokens_and_the_token_is_not_checked_for_a_while() {
             .unwrap()
             .contains("too many wrong tokens")
     );
-    let login = log_in(&http, &admin, TOKEN).await;
+    let login = log_in(&http, &admin, "guess-y").await;
     assert_eq!(login.status, 429);
     assert!(login.header("set-cookie").is_none());
     assert!(login.header("retry-after").is_some());
-    // Every request that carries a token waits, a probe's too.
+    // The right token does not: on the key API, on a probe, and in the login form.
+    let reply = http
+        .send(Method::GET, &keys, &[("authorization", right.as_str())], "")
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
     assert_eq!(
         http.send(
             Method::GET,
@@ -425,8 +437,11 @@ async fn ten_wrong_tokens_and_the_token_is_not_checked_for_a_while() {
         )
         .await
         .status,
-        429
+        200
     );
+    let login = log_in(&http, &admin, TOKEN).await;
+    assert_eq!(login.status, 303);
+    assert!(login.header("set-cookie").is_some());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -783,8 +798,8 @@ async fn a_405_names_the_methods_the_resource_takes() {
     for (method, path, allow) in [
         (Method::POST, "/healthz", "GET, HEAD"),
         (Method::DELETE, "/metrics", "GET, HEAD"),
-        (Method::DELETE, "/api/keys", "GET"),
-        (Method::PUT, "/api/keys/k-1", "GET, DELETE"),
+        (Method::DELETE, "/api/keys", "GET, HEAD"),
+        (Method::PUT, "/api/keys/k-1", "GET, HEAD, DELETE"),
         (Method::PUT, "/ui", "GET, HEAD"),
         (Method::DELETE, "/ui/login", "GET, HEAD, POST"),
         (Method::GET, "/ui/delete", "POST"),
@@ -825,4 +840,64 @@ async fn keys_list_gives_the_state_a_field_of_its_own() {
         "{line}"
     );
     assert!(fields[4..].iter().all(|f| f.contains('=')), "{line}");
+}
+
+/// The key API refuses `limit=0` with 400 (it returned one record), answers `HEAD` where it
+/// answers `GET` (it was 405), and shows only the start of a cursor it does not know (a 20 KB
+/// cursor was echoed whole, a 20 KB answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_api_refuses_limit_0_answers_head_and_bounds_a_bad_cursor() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config_with(fixture.addr, "", &with_token())).await;
+    let admin = gateway.admin.clone().unwrap();
+    let http = Http::new();
+    let bearer = format!("Bearer {TOKEN}");
+    let auth = [("authorization", bearer.as_str())];
+    let reply = http.post_key(&gateway.url("/echo"), "head-1", "1").await;
+    assert_eq!(reply.status, 201);
+
+    let zero = http
+        .send(Method::GET, &format!("{admin}/api/keys?limit=0"), &auth, "")
+        .await;
+    assert_eq!(zero.status, 400, "{}", zero.text());
+    let json: serde_json::Value = serde_json::from_slice(&zero.body).unwrap();
+    assert!(
+        json["error"].as_str().unwrap().starts_with("limit: "),
+        "{json}"
+    );
+    let (code, _, err) = idem_keys(&admin, Some(TOKEN), &["list", "--limit", "0"]).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--limit"), "{err}");
+
+    for path in ["/api/keys", "/api/keys/head-1"] {
+        let url = format!("{admin}{path}");
+        let get = http.send(Method::GET, &url, &auth, "").await;
+        let head = http.send(Method::HEAD, &url, &auth, "").await;
+        assert_eq!((get.status, head.status), (200, 200), "{path}");
+        assert!(head.body.is_empty(), "{path}");
+        assert_eq!(head.header("content-type"), Some("application/json"));
+    }
+    let missing = http
+        .send(Method::HEAD, &format!("{admin}/api/keys/nope"), &auth, "")
+        .await;
+    assert_eq!(missing.status, 404);
+
+    let cursor = "x".repeat(20_000);
+    let bad = http
+        .send(
+            Method::GET,
+            &format!("{admin}/api/keys?cursor={cursor}"),
+            &auth,
+            "",
+        )
+        .await;
+    assert_eq!(bad.status, 400);
+    assert!(bad.body.len() < 300, "{} bytes", bad.body.len());
+    let json: serde_json::Value = serde_json::from_slice(&bad.body).unwrap();
+    let message = json["error"].as_str().unwrap();
+    assert!(
+        message.starts_with("cursor: not a scan cursor of this store: \"xxx")
+            && message.ends_with("... (20000 bytes)"),
+        "{message}"
+    );
 }

@@ -174,7 +174,7 @@ fn the_demo_refuses_a_config_an_upstream_or_a_store() {
 /// `Authorization` header and got 401. A `'` in the token is quoted for the shell.
 #[test]
 fn the_printed_admin_lines_work_with_a_token() {
-    let token = "demo'token";
+    let token = "demo'token-of-16+bytes";
     let mut child = idem_command("demo")
         .args(["--admin-token", token])
         .spawn()

@@ -611,6 +611,41 @@ async fn another_spelling_of_the_path_does_not_bypass_a_required_key() {
     assert_eq!(fixture.count().await, 0);
 }
 
+/// The spellings that escaped a key-required route, through the gateway: `/Echo` escapes a
+/// route that matches case as written (another path, to an upstream that does not fold case)
+/// and not one with `case_insensitive = true` (before, that key was refused as unknown);
+/// `/echo;x`, `/echo.json` and `/echo%2F7` are other paths (another segment) that the glob
+/// `/echo*/**` covers, for an upstream that reads them as `/echo`, as the README says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn case_params_suffixes_and_encoded_slashes_are_covered_by_the_route_that_says_so() {
+    /// Whether `gateway` refuses a POST of `path` without a key.
+    async fn keyless(gateway: &Gateway, path: &str) -> bool {
+        let raw = raw_exchange(gateway, &raw_post(path, None)).await;
+        raw.starts_with("HTTP/1.1 400") && raw.contains("Idempotency key required")
+    }
+    let fixture = Fixture::start();
+    let exact = Gateway::start(&config(fixture.addr, PAYMENTS)).await;
+    let folded = Gateway::start(&config(
+        fixture.addr,
+        "[[route]]\npath = \"/echo\"\nkey = \"required\"\ncase_insensitive = true\n",
+    ))
+    .await;
+    let wide = Gateway::start(&config(
+        fixture.addr,
+        "[[route]]\npath = \"/echo*/**\"\nkey = \"required\"\n",
+    ))
+    .await;
+    for path in ["/Echo", "/ECHO/7", "/%45cho"] {
+        assert!(!keyless(&exact, path).await, "{path} is another path");
+        assert!(keyless(&folded, path).await, "{path}");
+    }
+    for path in ["/echo;x", "/echo.json", "/echo%2F7", "/echo;x/7"] {
+        assert!(!keyless(&exact, path).await, "{path} is another path");
+        assert!(keyless(&wide, path).await, "{path}");
+    }
+    assert!(keyless(&wide, "/echo").await && keyless(&folded, "/echo/7").await);
+}
+
 /// A `..` that climbs above the root is refused by the gateway itself, as nginx does: with or
 /// without a key, on a route that requires one or not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -190,3 +190,55 @@ async fn requests_refused_before_any_route_are_counted_by_reason() {
     }
     assert_eq!(fixture.count().await, 0);
 }
+
+/// `/ui` says what its numbers are. With nothing in flight it says so (it read "0 record(s), 0
+/// with a lapsed lease; the oldest is 0ms old"); with two requests in flight and one 409, the
+/// shares are of the requests answered, and say so (it read "Of 1 requests since start: ...
+/// 100.0% in-flight conflicts", as if one request had been made in all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ui_page_says_what_its_counts_count() {
+    let fixture = Fixture::start();
+    let (_gateway, addr, admin) = metered_gateway(fixture.addr);
+    let http = Http::new();
+    let ui = format!("{admin}/ui");
+    let page = http.send(Method::GET, &ui, &[], "").await.text();
+    assert!(page.contains("Nothing in flight."), "{page}");
+    assert!(!page.contains("0 record(s)"), "{page}");
+
+    let slow = format!("http://{addr}/slow?ms=3000");
+    let running: Vec<_> = ["ui-1", "ui-2"]
+        .into_iter()
+        .map(|key| {
+            let (http, slow) = (http.clone(), slow.clone());
+            tokio::spawn(async move { http.post_key(&slow, key, "").await })
+        })
+        .collect();
+    let keys = format!("{admin}/api/keys?state=in_flight");
+    let claimed = common::eventually(std::time::Duration::from_secs(10), || {
+        let (http, keys) = (http.clone(), keys.clone());
+        async move {
+            let text = http.send(Method::GET, &keys, &[], "").await.text();
+            text.contains("\"ui-1\"") && text.contains("\"ui-2\"")
+        }
+    })
+    .await;
+    assert!(claimed, "the two requests never held their keys");
+    assert_eq!(http.post_key(&slow, "ui-1", "").await.status, 409);
+
+    let page = http.send(Method::GET, &ui, &[], "").await.text();
+    assert!(
+        page.contains(
+            "Of the 1 request(s) answered since start (a request still running counts once it is \
+             answered): 0.0% duplicates replayed, 100.0% in-flight conflicts (409)."
+        ),
+        "{page}"
+    );
+    assert!(
+        page.contains("2 record(s), 0 with a lapsed lease"),
+        "{page}"
+    );
+    assert!(page.contains("requests answered"), "{page}");
+    for request in running {
+        assert_eq!(request.await.unwrap().status, 200);
+    }
+}

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use http::Request;
 use http::header;
 
-/// Wrong tokens a peer may send within [`WINDOW`] before its tokens are no longer checked.
+/// Wrong tokens a peer may send within [`WINDOW`] before its wrong tokens are answered 429.
 pub const MAX_FAILURES: u32 = 10;
 /// The window [`MAX_FAILURES`] counts in.
 pub const WINDOW: Duration = Duration::from_secs(60);
@@ -69,8 +69,9 @@ struct Failures {
 }
 
 /// Wrong tokens by peer, in fixed windows: after [`MAX_FAILURES`] in one [`WINDOW`], the peer's
-/// requests that carry a token are answered 429 until the window ends, without the token being
-/// checked, so guessing it runs at ten tries a minute.
+/// requests with a wrong token are answered 429 until the window ends (a log line and a 401
+/// each no more). The right token is still accepted: the throttle holds back the failures, not
+/// the operator who shares an address with whoever sends them.
 #[derive(Default)]
 pub struct Throttle {
     peers: Mutex<HashMap<Option<IpAddr>, Failures>>,

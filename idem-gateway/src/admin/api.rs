@@ -2,8 +2,9 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | `GET /api/keys?state=S&older_than=D&limit=N&cursor=C` | `{"records": [...], "unreadable": [...], "next_cursor": C or null}`, one page |
+//! | `GET /api/keys?state=S&older_than=D&limit=N&cursor=C` | `{"records": [...], "unreadable": [...], "next_cursor": C or null}`, one page of at most `N` (1 to 100; 0 is 400) |
 //! | `GET /api/keys/KEY?scope=S` | the record, or 404 `{"error": ...}` |
+//! | `HEAD` of either | the `GET`'s status and headers, without the body |
 //! | `DELETE /api/keys/KEY?scope=S` | `{"deleted": true or false}` |
 //!
 //! `KEY` is percent-encoded; a record is the JSON of [`crate::records::record_json`]. A page
@@ -11,9 +12,9 @@
 //! [`crate::records::unreadable_json`] renders them (`"state": "unreadable"`, the key where
 //! the store could read it, the key as stored, the reason): the page is still 200, and `limit`
 //! counts them too. A bad
-//! argument (a `cursor` the store never gave among them) is 400 and a store error 503, each
-//! `{"error": "..."}`; an error names the query parameter (`state: ...`), or `key` for the
-//! path's key.
+//! argument (a `limit` of 0, a `cursor` the store never gave) is 400 and a store error 503,
+//! each `{"error": "..."}`; an error names the query parameter (`state: ...`), or `key` for the
+//! path's key, and shows at most the first 64 characters of a bad cursor.
 
 use http::header::{self, HeaderValue};
 use http::{Method, Response, StatusCode};
@@ -59,10 +60,10 @@ pub async fn handle(
     let params = form::pairs(query.unwrap_or_default());
     let rest = path.strip_prefix(PREFIX).unwrap_or_default();
     if rest.is_empty() || rest == "/" {
-        if method != Method::GET {
+        if method != Method::GET && method != Method::HEAD {
             return super::with_allow(
                 error(StatusCode::METHOD_NOT_ALLOWED, "GET lists the records"),
-                "GET",
+                "GET, HEAD",
             );
         }
         return list(store, &params).await;
@@ -82,7 +83,7 @@ pub async fn handle(
         Err(err) => return bad_request(&err),
     };
     match *method {
-        Method::GET => get(store, &key).await,
+        Method::GET | Method::HEAD => get(store, &key).await,
         Method::DELETE => match store.delete(&key).await {
             Ok(deleted) => {
                 if deleted {
@@ -94,7 +95,7 @@ pub async fn handle(
         },
         _ => super::with_allow(
             error(StatusCode::METHOD_NOT_ALLOWED, "GET or DELETE"),
-            "GET, DELETE",
+            "GET, HEAD, DELETE",
         ),
     }
 }
@@ -104,6 +105,22 @@ async fn get(store: &dyn Store, key: &RecordKey) -> Response<GatewayBody> {
         Ok(Some(record)) => json_response(StatusCode::OK, &record_json(&record)),
         Ok(None) => error(StatusCode::NOT_FOUND, format!("no record at {key}")),
         Err(err) => error(StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}")),
+    }
+}
+
+/// The most characters of a caller's value an error shows.
+const SHOWN: usize = 64;
+
+/// `value` as an error shows it: quoted, its first [`SHOWN`] characters, and its length when it
+/// is longer.
+fn shown(value: &str) -> String {
+    match value.char_indices().nth(SHOWN) {
+        Some((end, _)) => format!(
+            "{:?}... ({} bytes)",
+            value.get(..end).unwrap_or_default(),
+            value.len()
+        ),
+        None => format!("{value:?}"),
     }
 }
 
@@ -138,10 +155,15 @@ async fn list(store: &dyn Store, params: &[(String, String)]) -> Response<Gatewa
                 }),
             )
         }
-        // A cursor this store never gave is the caller's mistake, not an outage.
-        Err(err @ StoreError::InvalidCursor { .. }) => {
-            error(StatusCode::BAD_REQUEST, format!("cursor: {err}"))
-        }
+        // A cursor this store never gave is the caller's mistake, not an outage. Its start
+        // is shown, not all of it: the answer stays small whatever the caller sent.
+        Err(StoreError::InvalidCursor { cursor }) => error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "cursor: not a scan cursor of this store: {}",
+                shown(&cursor)
+            ),
+        ),
         Err(err) => error(StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}")),
     }
 }

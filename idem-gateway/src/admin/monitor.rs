@@ -123,7 +123,7 @@ fn export_stats(stats: StoreStats) {
 
 /// The counters shown with their rates, by label and metric name (summed over their labels).
 pub const COUNTERS: [(&str, &str); 7] = [
-    ("requests", idem_http::metrics::REQUESTS),
+    ("requests answered", idem_http::metrics::REQUESTS),
     ("duplicates replayed", idem_http::metrics::REPLAYS),
     ("in-flight conflicts (409)", idem_http::metrics::COLLISIONS),
     ("mismatches (422)", idem_http::metrics::MISMATCHES),

@@ -199,11 +199,12 @@ impl Page<'_> {
                 .find(|r| r.metric == metric)
                 .map_or(0.0, |r| r.total)
         };
+        // The layer counts a request when it is answered: one still running is not in it yet.
         let requests = total(idem_http::metrics::REQUESTS);
         if requests > 0.0 {
             let _ = writeln!(
                 body,
-                "<p>Of {requests} requests since start: {:.1}% duplicates replayed, {:.1}% in-flight conflicts.</p>",
+                "<p id=\"shares\">Of the {requests} request(s) answered since start (a request still running counts once it is answered): {:.1}% duplicates replayed, {:.1}% in-flight conflicts (409).</p>",
                 100.0 * total(idem_http::metrics::REPLAYS) / requests,
                 100.0 * total(idem_http::metrics::COLLISIONS) / requests,
             );
@@ -211,14 +212,18 @@ impl Page<'_> {
     }
 
     fn in_flight(&self, body: &mut String, in_flight: &InFlight, now: Timestamp) {
-        let _ = writeln!(
-            body,
-            "<h2>In flight</h2><p>{}{} record(s), {} with a lapsed lease; the oldest is {} old.</p>",
-            in_flight.records.len(),
-            if in_flight.truncated { "+" } else { "" },
-            in_flight.lapsed,
-            age(in_flight.oldest),
-        );
+        if in_flight.records.is_empty() && !in_flight.truncated {
+            body.push_str("<h2>In flight</h2><p id=\"in-flight-summary\">Nothing in flight.</p>\n");
+        } else {
+            let _ = writeln!(
+                body,
+                "<h2>In flight</h2><p id=\"in-flight-summary\">{}{} record(s), {} with a lapsed lease; the oldest is {} old.</p>",
+                in_flight.records.len(),
+                if in_flight.truncated { "+" } else { "" },
+                in_flight.lapsed,
+                age(in_flight.oldest),
+            );
+        }
         if in_flight.unreadable > 0 {
             let _ = writeln!(
                 body,

@@ -14,16 +14,24 @@ use super::internal::{
     AdminConfig, Config, LogConfig, Origin, Overrides, ServerConfig, StoreConfig, UpstreamConfig,
     defaults,
 };
+use super::lint;
 use super::routes::route_configs;
 use super::toml::{
     AdminSection, FileConfig, LogSection, ServerSection, StoreSection, UpstreamSection,
 };
 use super::value::{ByteSize, HumanDuration, ListenAddr, StoreSpec, UpstreamUrl};
-use crate::store::SettingError;
+use crate::store::{Backends, SettingError};
+
+/// The shortest admin token taken, in bytes: 16 printable characters are more than 2^100
+/// guesses, so the admin listener may always accept the right token (see
+/// [`Throttle`](crate::admin::access::Throttle)).
+pub const MIN_TOKEN_LEN: usize = 16;
 
 /// How errors name an override: the flag and its environment variable, since either may
 /// have set it.
 const STORE_FLAG: &str = "--store (or IDEM_STORE)";
+/// See [`STORE_FLAG`].
+const ADMIN_LISTEN_FLAG: &str = "--admin-listen (or IDEM_ADMIN_LISTEN)";
 /// See [`STORE_FLAG`].
 const LEASE_FLAG: &str = "--lease (or IDEM_LEASE)";
 /// See [`STORE_FLAG`].
@@ -115,7 +123,13 @@ impl Config {
         } = file;
         let (server, server_listen_at) = server_config(server, flags.listen, origin)?;
         let upstream = upstream_config(&upstream, flags.upstream_url, origin)?;
-        let store = store_config(store, flags.store_spec, overrides, origin)?;
+        let store = store_config(
+            store,
+            flags.store_spec,
+            overrides,
+            origin,
+            Backends::COMPILED,
+        )?;
         let admin = admin_config(
             admin,
             flags.admin_listen,
@@ -125,12 +139,14 @@ impl Config {
             server_listen_at,
         )?;
         let log = log_config(log, origin)?;
+        let mut warnings = Vec::new();
         let routes = route_configs(
             idempotency.as_ref(),
             &routes,
             flags.lease,
             flags.retention,
             origin,
+            &mut warnings,
         )?;
         Ok(Config {
             server,
@@ -139,6 +155,7 @@ impl Config {
             admin,
             log,
             routes,
+            warnings,
         })
     }
 }
@@ -162,10 +179,7 @@ impl Flags {
         let retention =
             flag::<HumanDuration>(overrides.retention.as_ref(), RETENTION_FLAG)?.map(|d| d.0);
         let lease = flag::<HumanDuration>(overrides.lease.as_ref(), LEASE_FLAG)?.map(|d| d.0);
-        let admin_listen = socket_addr(
-            overrides.admin_listen.as_ref(),
-            "--admin-listen (or IDEM_ADMIN_LISTEN)",
-        )?;
+        let admin_listen = socket_addr(overrides.admin_listen.as_ref(), ADMIN_LISTEN_FLAG)?;
         for (value, name) in [(lease, LEASE_FLAG), (retention, RETENTION_FLAG)] {
             if value.is_some_and(|d| d.is_zero()) {
                 return Err(ConfigError::new(
@@ -287,12 +301,14 @@ fn upstream_config(
     Ok(upstream)
 }
 
-/// `[store]`: the store's own client checks its URL and namespace, without connecting.
+/// `[store]`: a store the build lacks (see [`Backends`]) is refused, and the store's own client
+/// checks its URL and namespace, without connecting.
 fn store_config(
     store: StoreSection,
     store_spec: Option<StoreSpec>,
     overrides: &Overrides,
     origin: &Origin,
+    backends: Backends,
 ) -> Result<StoreConfig, ConfigError> {
     let namespace = match &store.namespace {
         Some(spanned) => {
@@ -340,15 +356,15 @@ fn store_config(
     let spec = store_spec
         .or(store.url.map(Spanned::into_inner))
         .unwrap_or(StoreSpec::Memory);
+    let at_spec = |message: String| match spec_at {
+        Some(at) => origin.error_at(Some(at), message),
+        None if overrides.store.is_some() => ConfigError::new(Some(STORE_FLAG.to_owned()), message),
+        None => origin.error_at(None, message),
+    };
+    backends.check(&spec).map_err(at_spec)?;
     if let Err(err) = crate::store::check_settings(&spec, &namespace) {
         return Err(match err {
-            SettingError::Url(message) => match spec_at {
-                Some(at) => origin.error_at(Some(at), message),
-                None if overrides.store.is_some() => {
-                    ConfigError::new(Some(STORE_FLAG.to_owned()), message)
-                }
-                None => origin.error_at(None, message),
-            },
+            SettingError::Url(message) => at_spec(message),
             SettingError::Namespace(message) => {
                 origin.error_at(store.namespace.as_ref().map(|ns| ns.span().start), message)
             }
@@ -383,8 +399,19 @@ fn admin_config(
     };
     let token = match token {
         Some((token, at, name)) => {
-            if token.is_empty() || !token.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
-                let message = "the admin token must be printable ASCII without spaces";
+            let refused = if !token.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+                Some("the admin token must be printable ASCII without spaces".to_owned())
+            } else if token.len() < MIN_TOKEN_LEN {
+                Some(format!(
+                    "the admin token is {} bytes: it must be at least {MIN_TOKEN_LEN}, so that it \
+                     cannot be guessed (a wrong token is throttled, the right one never is); \
+                     `openssl rand -hex 16` makes one",
+                    token.len()
+                ))
+            } else {
+                None
+            };
+            if let Some(message) = refused {
                 return Err(match at {
                     Some(at) => origin.error_at(Some(at), message),
                     None => ConfigError::new(Some(name.to_owned()), message),
@@ -406,22 +433,29 @@ fn admin_config(
         token,
     });
     if let Some(admin) = &admin {
+        // The admin address is named where it was set: a flag, or the file.
+        let at_admin_listen = |message: String| {
+            if overrides.admin_listen.is_some() {
+                ConfigError::new(Some(ADMIN_LISTEN_FLAG.to_owned()), message)
+            } else {
+                origin.error_at(admin_listen_at, message)
+            }
+        };
+        lint::admin_listener(admin.listen, admin.token.as_deref()).map_err(at_admin_listen)?;
         if same_port(server.listen, admin.listen) {
             let message = format!(
                 "the admin listener ({}) and the gateway ({}) cannot share a port: give the admin listener another (or disable it)",
                 admin.listen, server.listen
             );
-            // The admin address is named where it was set: a flag, or the file.
-            return Err(match (overrides.admin_listen.is_some(), admin_listen_at) {
-                (true, _) => ConfigError::new(
-                    Some("--admin-listen (or IDEM_ADMIN_LISTEN)".to_owned()),
-                    message,
-                ),
-                (false, Some(at)) => origin.error_at(Some(at), message),
-                (false, None) if overrides.listen.is_some() => {
+            // Where the admin address is the default, the gateway's is named.
+            return Err(match admin_listen_at {
+                None if overrides.admin_listen.is_none() && overrides.listen.is_some() => {
                     ConfigError::new(Some("--listen (or IDEM_LISTEN)".to_owned()), message)
                 }
-                (false, None) => origin.error_at(server_listen_at, message),
+                None if overrides.admin_listen.is_none() => {
+                    origin.error_at(server_listen_at, message)
+                }
+                _ => at_admin_listen(message),
             });
         }
     }
@@ -448,4 +482,58 @@ fn log_config(log: LogSection, origin: &Origin) -> Result<LogConfig, ConfigError
         level,
     };
     Ok(log)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// The `[store]` of `text`, checked for a build with `backends`.
+    fn store_of(text: &str, backends: Backends) -> Result<StoreConfig, ConfigError> {
+        let file: FileConfig = ::toml::from_str(text).unwrap();
+        let origin = Origin::file("idem.toml", text);
+        store_config(file.store, None, &Overrides::default(), &origin, backends)
+    }
+
+    /// A build without a store refuses it in the configuration, so `check-config` and `serve`
+    /// (both build the configuration) refuse it alike: before, only opening it did, and
+    /// `check-config` said `ok`.
+    #[test]
+    fn a_store_the_build_lacks_is_refused_at_its_line() {
+        let without_redis = Backends {
+            redis: false,
+            postgres: true,
+            redb: true,
+        };
+        let text = "[store]\nurl = \"redis://127.0.0.1:6379\"\n";
+        let err = store_of(text, without_redis).unwrap_err();
+        assert_eq!(err.location(), Some("idem.toml:2:7"), "{err}");
+        assert!(
+            err.message()
+                .starts_with("the redis store is not in this build of idem"),
+            "{err}"
+        );
+        let flag = Overrides {
+            store: Some("redis://127.0.0.1:6379".to_owned()),
+            ..Overrides::default()
+        };
+        let file = FileConfig::default();
+        let err = store_config(
+            file.store,
+            Some("redis://127.0.0.1:6379".parse().unwrap()),
+            &flag,
+            &Origin::none(),
+            without_redis,
+        )
+        .unwrap_err();
+        assert_eq!(err.location(), Some(STORE_FLAG), "{err}");
+        assert!(store_of("[store]\nurl = \"memory\"\n", without_redis).is_ok());
+        let all = Backends {
+            redis: true,
+            ..without_redis
+        };
+        assert!(store_of(text, all).is_ok());
+    }
 }

@@ -9,8 +9,9 @@ use std::time::Duration;
 use http::{HeaderName, Method};
 
 use super::ConfigError;
+use super::lint::ConfigWarning;
 use super::toml::{KeyMode, LogFormat, OnStoreError};
-use super::value::{PathPattern, ScopeSpec, StoreSpec, UpstreamUrl};
+use super::value::{RoutePath, ScopeSpec, StoreSpec, UpstreamUrl};
 use crate::normal_path::NormalPath;
 
 /// The defaults, in one place (the example config repeats them).
@@ -113,6 +114,9 @@ pub struct Config {
     pub log: LogConfig,
     /// The routes in order, ending with the catch-all `/` route of the `[idempotency]` settings.
     pub routes: Vec<Route>,
+    /// The settings taken that are most likely mistakes (see [`super::lint`]): `check-config`
+    /// prints them, `serve` logs them.
+    pub warnings: Vec<ConfigWarning>,
 }
 
 /// The public listener.
@@ -191,8 +195,8 @@ pub struct LogConfig {
 pub struct Route {
     /// Its name in logs and metrics.
     pub name: String,
-    /// The paths it covers.
-    pub path: PathPattern,
+    /// The paths it covers, and whether it folds their case.
+    pub path: RoutePath,
     /// What the idempotency layer does on it.
     pub settings: RouteSettings,
 }

@@ -36,16 +36,19 @@ use std::path::Path;
 
 mod build;
 pub mod internal;
+pub mod lint;
 mod routes;
 pub mod toml;
 pub mod value;
 
+pub use build::MIN_TOKEN_LEN;
 pub use internal::{
     AdminConfig, Config, LogConfig, Origin, Overrides, Route, RouteSettings, ServerConfig,
     StoreConfig, UpstreamConfig,
 };
+pub use lint::ConfigWarning;
 pub use value::{
-    ByteSize, HumanDuration, ListenAddr, PathPattern, ScopeSpec, StoreSpec, UpstreamUrl,
+    ByteSize, HumanDuration, ListenAddr, PathPattern, RoutePath, ScopeSpec, StoreSpec, UpstreamUrl,
 };
 
 /// A configuration that cannot be used: one line, naming where the bad value is.

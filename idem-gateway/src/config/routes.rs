@@ -10,20 +10,9 @@ use toml::Spanned;
 use super::ConfigError;
 use super::build::{positive, size};
 use super::internal::{DEFAULT_ROUTE, Origin, Route, RouteSettings};
+use super::lint::{self, Warnings};
 use super::toml::RouteSection;
-use super::value::{HumanDuration, PathPattern};
-
-/// Headers that describe one connection: never stored, so never allowed.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "transfer-encoding",
-    "te",
-    "trailer",
-    "upgrade",
-    "content-length",
-];
+use super::value::{HumanDuration, PathPattern, RoutePath};
 
 fn header_names(
     names: &[String],
@@ -36,7 +25,7 @@ fn header_names(
         .map(|name| {
             let header = HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| origin.error_at(at, format!("{name:?} is not a header name")))?;
-            if allow && HOP_BY_HOP.contains(&header.as_str()) {
+            if allow && lint::FRAMING.contains(&header.as_str()) {
                 return Err(origin.error_at(
                     at,
                     format!(
@@ -55,6 +44,8 @@ fn position<T>(value: Option<&Spanned<T>>, section: Option<usize>) -> Option<usi
 }
 
 /// Resolves a route section over its parent's settings, then applies the duration overrides.
+/// The settings the section writes are checked for foot-guns ([`lint`]): refused, or taken
+/// with a warning added to `warnings`.
 fn settings(
     section: &RouteSection,
     parent: &RouteSettings,
@@ -62,6 +53,7 @@ fn settings(
     retention_override: Option<Duration>,
     origin: &Origin,
     at: Option<usize>,
+    warnings: &mut Warnings,
 ) -> Result<RouteSettings, ConfigError> {
     let lease_at = position(section.lease.as_ref(), at);
     let lease = positive(
@@ -107,12 +99,17 @@ fn settings(
         position(section.retention.as_ref(), at),
     )?;
     let header = match &section.header {
-        Some(name) => HeaderName::from_bytes(name.get_ref().as_bytes()).map_err(|_| {
-            origin.error_at(
-                Some(name.span().start),
-                format!("header {:?} is not a header name", name.get_ref()),
-            )
-        })?,
+        Some(name) => {
+            let at = Some(name.span().start);
+            let header = HeaderName::from_bytes(name.get_ref().as_bytes()).map_err(|_| {
+                origin.error_at(
+                    at,
+                    format!("header {:?} is not a header name", name.get_ref()),
+                )
+            })?;
+            lint::key_header(&header, origin, at)?;
+            header
+        }
         None => parent.header.clone(),
     };
     let methods = match &section.methods {
@@ -122,7 +119,11 @@ fn settings(
                 "methods is empty: cover at least one method (or set enabled = false)",
             ));
         }
-        Some(methods) => methods.get_ref().iter().map(|m| m.0.clone()).collect(),
+        Some(written) => {
+            let methods: Vec<_> = written.get_ref().iter().map(|m| m.0.clone()).collect();
+            lint::methods(&methods, origin, Some(written.span().start), warnings)?;
+            methods
+        }
         None => parent.methods.clone(),
     };
     let wait = match section.wait {
@@ -159,6 +160,10 @@ fn settings(
         Some(names) => header_names(names.get_ref(), false, origin, Some(names.span().start))?,
         None => parent.deny_headers.clone(),
     };
+    if let Some(names) = &section.allow_headers {
+        let at = Some(names.span().start);
+        lint::allowed_headers(&allow_headers, &deny_headers, origin, at, warnings);
+    }
     Ok(RouteSettings {
         enabled: section.enabled.unwrap_or(parent.enabled),
         header,
@@ -193,19 +198,20 @@ pub(super) fn route_configs(
     lease: Option<Duration>,
     retention: Option<Duration>,
     origin: &Origin,
+    warnings: &mut Warnings,
 ) -> Result<Vec<Route>, ConfigError> {
     let base = RouteSettings::default();
     let (top, top_at) = match idempotency {
         Some(spanned) => (spanned.get_ref().clone(), Some(spanned.span().start)),
         None => (RouteSection::default(), None),
     };
-    if top.path.is_some() || top.name.is_some() {
+    if top.path.is_some() || top.name.is_some() || top.case_insensitive.is_some() {
         return Err(origin.error_at(
             top_at,
-            "[idempotency] takes no name or path: those are for [[route]] entries",
+            "[idempotency] takes no name, path or case_insensitive: those are for [[route]] entries",
         ));
     }
-    let defaults = settings(&top, &base, lease, retention, origin, top_at)?;
+    let defaults = settings(&top, &base, lease, retention, origin, top_at, warnings)?;
     let mut resolved = Vec::with_capacity(routes.len() + 1);
     for (index, spanned) in routes.iter().enumerate() {
         let at = Some(spanned.span().start);
@@ -228,13 +234,13 @@ pub(super) fn route_configs(
         }
         resolved.push(Route {
             name,
-            path,
-            settings: settings(section, &defaults, lease, retention, origin, at)?,
+            path: RoutePath::new(path, section.case_insensitive.unwrap_or(false)),
+            settings: settings(section, &defaults, lease, retention, origin, at, warnings)?,
         });
     }
     resolved.push(Route {
         name: DEFAULT_ROUTE.to_owned(),
-        path: PathPattern::Prefix("/".to_owned()),
+        path: RoutePath::new(PathPattern::Prefix("/".to_owned()), false),
         settings: defaults,
     });
     Ok(resolved)

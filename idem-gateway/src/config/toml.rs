@@ -142,6 +142,9 @@ pub struct RouteSection {
     pub name: Option<String>,
     /// The path prefix or glob the route covers (routes only; required there).
     pub path: Option<PathPattern>,
+    /// Match the path without regard to ASCII case, for an upstream that folds case (routes
+    /// only; default `false`).
+    pub case_insensitive: Option<bool>,
     /// `false` proxies the route untouched.
     pub enabled: Option<bool>,
     /// The key header's name.

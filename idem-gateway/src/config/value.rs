@@ -476,7 +476,12 @@ impl PathPattern {
     /// Whether a request path is covered: its normal form, a trailing `/` ignored.
     #[must_use]
     pub fn matches(&self, path: &NormalPath<'_>) -> bool {
-        let path = path.for_matching();
+        self.matches_form(path.for_matching())
+    }
+
+    /// Whether the form `path` of a request path ([`NormalPath::for_matching`], or that with
+    /// its case folded) is covered.
+    fn matches_form(&self, path: &str) -> bool {
         match self {
             PathPattern::Prefix(prefix) => {
                 // The parser drops a trailing `/`; a pattern built by hand may have one. The
@@ -498,6 +503,66 @@ impl PathPattern {
     }
 }
 
+/// The paths a route covers: its [`PathPattern`], matched as written, or without regard to
+/// ASCII case (`case_insensitive = true`, for an upstream that folds case: `/Payments` and
+/// `/PAYMENTS/7` are then covered by `/payments`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RoutePath {
+    pattern: PathPattern,
+    case_insensitive: bool,
+}
+
+impl RoutePath {
+    /// `pattern`, matched without regard to case when `case_insensitive` (the pattern is then
+    /// kept in lower case).
+    #[must_use]
+    pub fn new(pattern: PathPattern, case_insensitive: bool) -> Self {
+        let pattern = match pattern {
+            PathPattern::Prefix(prefix) if case_insensitive => {
+                PathPattern::Prefix(prefix.to_ascii_lowercase())
+            }
+            PathPattern::Glob(segments) if case_insensitive => {
+                PathPattern::Glob(segments.iter().map(|s| s.to_ascii_lowercase()).collect())
+            }
+            pattern => pattern,
+        };
+        RoutePath {
+            pattern,
+            case_insensitive,
+        }
+    }
+
+    /// The pattern (in lower case when the route folds case).
+    #[must_use]
+    pub fn pattern(&self) -> &PathPattern {
+        &self.pattern
+    }
+
+    /// Whether the route matches without regard to case.
+    #[must_use]
+    pub fn case_insensitive(&self) -> bool {
+        self.case_insensitive
+    }
+
+    /// Whether the route covers a request path (its normal form, a trailing `/` ignored, its
+    /// ASCII case folded when the route says so).
+    #[must_use]
+    pub fn matches(&self, path: &NormalPath<'_>) -> bool {
+        if self.case_insensitive {
+            self.pattern
+                .matches_form(&path.for_matching().to_ascii_lowercase())
+        } else {
+            self.pattern.matches(path)
+        }
+    }
+}
+
+impl fmt::Display for RoutePath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.pattern.fmt(f)
+    }
+}
+
 impl fmt::Display for PathPattern {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -507,7 +572,8 @@ impl fmt::Display for PathPattern {
     }
 }
 
-/// An HTTP method name (`POST`; lower case is taken as upper case).
+/// An HTTP method name, as a request writes it: `POST`. Method names are case-sensitive (RFC
+/// 9110 section 9.1), so `post` is refused, with the name to write, rather than guessed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MethodName(pub Method);
 
@@ -515,9 +581,17 @@ impl FromStr for MethodName {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        Method::from_bytes(text.trim().to_ascii_uppercase().as_bytes())
-            .map(MethodName)
-            .map_err(|_| format!("invalid method {text:?}"))
+        let name = text.trim();
+        let method =
+            Method::from_bytes(name.as_bytes()).map_err(|_| format!("invalid method {text:?}"))?;
+        let upper = name.to_ascii_uppercase();
+        if upper != name {
+            return Err(format!(
+                "method {text:?} is not in upper case: method names are case-sensitive \
+                 (RFC 9110 section 9.1): write {upper:?}"
+            ));
+        }
+        Ok(MethodName(method))
     }
 }
 
@@ -794,6 +868,38 @@ mod tests {
         assert!(covers(&by_hand, "/v1/a") && covers(&by_hand, "/v1/a/"));
     }
 
+    /// Each spelling of the issue against a `/payments` route: case escapes a route that does
+    /// not fold case and not one that does; `;x`, `.json` and `%2F7` name other paths (another
+    /// segment), which the glob `/payments*/**` covers for an upstream that reads them as
+    /// `/payments`.
+    #[test]
+    fn spellings_of_a_path_and_the_routes_that_cover_them() {
+        let exact = RoutePath::new("/payments".parse().unwrap(), false);
+        let folded = RoutePath::new("/Payments".parse().unwrap(), true);
+        let wide = RoutePath::new("/payments*/**".parse().unwrap(), false);
+        let covers = |route: &RoutePath, path: &str| route.matches(&NormalPath::new(path).unwrap());
+        for path in ["/payments", "/payments/7", "//payments/", "/%70ayments"] {
+            assert!(covers(&exact, path) && covers(&folded, path) && covers(&wide, path));
+        }
+        for path in ["/Payments", "/PAYMENTS/7", "/%50ayments"] {
+            assert!(!covers(&exact, path), "{path}");
+            assert!(covers(&folded, path), "{path}");
+        }
+        assert_eq!(folded.to_string(), "/payments");
+        for path in [
+            "/payments;x",
+            "/payments.json",
+            "/payments%2F7",
+            "/payments%2f7",
+        ] {
+            assert!(!covers(&exact, path), "{path}");
+            assert!(covers(&wide, path), "{path}");
+        }
+        assert!(covers(&wide, "/payments;x/7") && !covers(&wide, "/refunds"));
+        let glob = RoutePath::new("/V1/*/Orders".parse().unwrap(), true);
+        assert!(covers(&glob, "/v1/ACME/orders") && !covers(&glob, "/v1/acme/orders/7"));
+    }
+
     #[test]
     fn patterns_are_put_in_normal_form_or_refused() {
         for (written, normal) in [
@@ -821,7 +927,9 @@ mod tests {
 
     #[test]
     fn methods_and_scopes() {
-        assert_eq!("post".parse::<MethodName>().unwrap().0, Method::POST);
+        assert_eq!("POST".parse::<MethodName>().unwrap().0, Method::POST);
+        let lower = "post".parse::<MethodName>().unwrap_err();
+        assert!(lower.contains("write \"POST\""), "{lower}");
         assert!("PO ST".parse::<MethodName>().is_err());
         assert_eq!(
             "header:X-Tenant".parse::<ScopeSpec>().unwrap(),

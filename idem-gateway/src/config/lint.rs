@@ -1,0 +1,211 @@
+//! The foot-guns of a configuration that parses: settings that are always wrong are refused
+//! (a [`ConfigError`]), settings that may be intended but are most likely a mistake are taken
+//! with a [`ConfigWarning`], which `check-config` prints and `serve` logs. Each says which and
+//! why:
+//!
+//! | setting | refused or warned | why |
+//! |---|---|---|
+//! | an admin listener on an address that is not loopback, without a token | refused | anyone who reaches the address could list and delete records |
+//! | a key header that is a framing or hop-by-hop field (`Content-Length`, `Host`, `Transfer-Encoding`, `Connection`, ...) | refused | it describes the message or the connection, not the operation, and proxies rewrite or drop it |
+//! | `HEAD`, `OPTIONS`, `CONNECT` or `TRACE` among the covered methods | refused | they have no effect to run once: a stored answer would only be stale |
+//! | `GET` among the covered methods | warned | a safe method needs no key, and a replayed GET is a stale read; an API whose GET has effects may mean it |
+//! | a method not in upper case (`post`) | refused (by the parser) | method names are case-sensitive: `post` is not `POST` |
+//! | an `allow_headers` entry for a header that is never denied | warned | it changes nothing; most likely a typo of one that is |
+
+use std::net::SocketAddr;
+
+use http::{HeaderName, Method};
+
+use super::ConfigError;
+use super::internal::Origin;
+
+/// Headers that describe the message's framing or one connection: never a key header, never
+/// stored (so never allowed).
+pub(super) const FRAMING: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "content-length",
+    "host",
+];
+
+/// A setting that is taken but is most likely a mistake: `check-config` prints it (exit 0) and
+/// `serve` logs it at start. One line naming where the setting is, like a [`ConfigError`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigWarning(ConfigError);
+
+impl ConfigWarning {
+    /// Where the setting is, when known.
+    #[must_use]
+    pub fn location(&self) -> Option<&str> {
+        self.0.location()
+    }
+
+    /// What may be wrong with it.
+    #[must_use]
+    pub fn message(&self) -> &str {
+        self.0.message()
+    }
+}
+
+impl std::fmt::Display for ConfigWarning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Where [`Config::build`](super::Config::build) collects its warnings.
+pub(super) type Warnings = Vec<ConfigWarning>;
+
+/// Adds a warning at a byte offset of the file.
+fn warn(warnings: &mut Warnings, origin: &Origin, at: Option<usize>, message: String) {
+    warnings.push(ConfigWarning(origin.error_at(at, message)));
+}
+
+/// Refuses an admin listener that other machines can reach without a token.
+///
+/// # Errors
+/// The reason, for the caller to place.
+pub(super) fn admin_listener(listen: SocketAddr, token: Option<&str>) -> Result<(), String> {
+    if token.is_some() || listen.ip().to_canonical().is_loopback() {
+        return Ok(());
+    }
+    Err(format!(
+        "the admin listener on {listen} is not on a loopback address and has no token: anyone \
+         who reaches it could list and delete records. Set [admin] token (--admin-token, \
+         IDEM_ADMIN_TOKEN), or listen on 127.0.0.1 or [::1]"
+    ))
+}
+
+/// Refuses a key header that is a framing or hop-by-hop field.
+///
+/// # Errors
+/// [`ConfigError`] at `at`.
+pub(super) fn key_header(
+    header: &HeaderName,
+    origin: &Origin,
+    at: Option<usize>,
+) -> Result<(), ConfigError> {
+    if FRAMING.contains(&header.as_str()) {
+        return Err(origin.error_at(
+            at,
+            format!(
+                "header {header:?} cannot carry the idempotency key: it describes the message's \
+                 framing or one connection, and proxies rewrite or drop it (use a header of its \
+                 own, such as Idempotency-Key)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses the covered methods that have no effect to run once, and warns of `GET`.
+///
+/// # Errors
+/// [`ConfigError`] at `at` for `HEAD`, `OPTIONS`, `CONNECT` or `TRACE`.
+pub(super) fn methods(
+    methods: &[Method],
+    origin: &Origin,
+    at: Option<usize>,
+    warnings: &mut Warnings,
+) -> Result<(), ConfigError> {
+    for method in methods {
+        match *method {
+            Method::HEAD | Method::OPTIONS | Method::CONNECT | Method::TRACE => {
+                return Err(origin.error_at(
+                    at,
+                    format!(
+                        "{method} is not an idempotency candidate: it has no effect to run once, \
+                         and a stored answer would only be stale (cover POST, PATCH, or methods \
+                         with effects)"
+                    ),
+                ));
+            }
+            Method::GET => warn(
+                warnings,
+                origin,
+                at,
+                "GET is covered: a safe method needs no idempotency key, and a keyed GET is \
+                 answered from its first response until the retention ends (a stale read); \
+                 keep it only if this API's GET has effects"
+                    .to_owned(),
+            ),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Warns of `allow_headers` entries that change nothing: headers the layer stores anyway (the
+/// default deny list does not name them), or that `deny_headers` denies, which wins.
+pub(super) fn allowed_headers(
+    allow: &[HeaderName],
+    deny: &[HeaderName],
+    origin: &Origin,
+    at: Option<usize>,
+    warnings: &mut Warnings,
+) {
+    let defaults = idem_http::Config::builder().build().ok();
+    for name in allow {
+        if deny.contains(name) {
+            warn(
+                warnings,
+                origin,
+                at,
+                format!(
+                    "allow_headers names {name}, which deny_headers names too: deny wins, it is \
+                     not stored"
+                ),
+            );
+        } else if defaults.as_ref().is_some_and(|c| c.stores_header(name)) {
+            warn(
+                warnings,
+                origin,
+                at,
+                format!(
+                    "allow_headers names {name}, which is never denied: it is stored anyway, so \
+                     the entry changes nothing (it re-allows set-cookie, date, www-authenticate \
+                     or proxy-authenticate)"
+                ),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn an_admin_listener_off_loopback_needs_a_token() {
+        for open in [
+            "0.0.0.0:9901",
+            "[::]:9901",
+            "10.0.0.5:9901",
+            "[2001:db8::1]:9901",
+        ] {
+            let addr: SocketAddr = open.parse().unwrap();
+            let reason = admin_listener(addr, None).unwrap_err();
+            assert!(reason.contains("has no token"), "{reason}");
+            assert_eq!(admin_listener(addr, Some("a-token-of-16-bytes")), Ok(()));
+        }
+        for local in [
+            "127.0.0.1:9901",
+            "127.0.0.2:0",
+            "[::1]:9901",
+            "[::ffff:127.0.0.1]:1",
+        ] {
+            assert_eq!(
+                admin_listener(local.parse().unwrap(), None),
+                Ok(()),
+                "{local}"
+            );
+        }
+    }
+}
