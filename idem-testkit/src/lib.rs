@@ -11,9 +11,10 @@
 //! ```
 //!
 //! The macro expands into one named `#[tokio::test]` per contract clause (see [`conformance`]),
-//! so a failing test names the clause it breaks. A harness whose server is missing returns
-//! `None`: outside CI the clause skips with a loud message; under `CI=true` the probe that
-//! found it missing has already failed the test (see [`probe`]).
+//! so a failing test names the clause it breaks. A harness whose server is missing fails the
+//! test with the reason (the probe that found it missing panics), or, when the run set
+//! `IDEM_TEST_SKIP_MISSING=1` outside CI, returns `None` and the clause skips loudly (see
+//! [`probe`]).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod conformance;
