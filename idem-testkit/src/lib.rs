@@ -71,6 +71,7 @@ macro_rules! store_conformance {
             resent_claim_with_its_owner_gets_the_same_grant,
             retryable_fail_frees_the_key,
             permanent_fail_keeps_a_failed_record,
+            get_returns_each_state_as_the_machine_leaves_it,
             release_frees_the_key,
             delete_answers_whether_a_live_record_was_there,
             heartbeat_extends_the_lease,
