@@ -54,7 +54,8 @@ fn key() -> RecordKey {
 
 /// The fields of a completed record of key [`key`] whose result is stored with `codec`,
 /// without its result pieces, as the scripts write them: `m` the meta (Lua `struct` format
-/// `>c1c1I4I7I7I7I7`: state, codec, attempt, fence, created_at, completed_at, expires_at),
+/// `>c1c1I4I7I7I7I7c16I7`: state, codec, attempt, fence, created_at, lease_until, expires_at,
+/// owner, completed_at),
 /// `p` the fingerprint, `k` the key. Follows the record layout of idem-store-redis: change it
 /// with the layout (every input of the `Result` kind fails until then).
 fn completed(codec: &str) -> Vec<Vec<u8>> {
@@ -69,6 +70,8 @@ fn completed(codec: &str) -> Vec<Vec<u8>> {
     ] {
         meta.extend(be56(n));
     }
+    meta.extend([9; 16]);
+    meta.extend(be56(1_700_000_000_500_000));
     vec![
         b"m".to_vec(),
         meta,

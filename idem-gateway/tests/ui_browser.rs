@@ -1,7 +1,7 @@
 //! `/ui` in a real browser: headless Chromium, driven over WebDriver by chromedriver, signs in
 //! with the admin token, finds the record of a slow request in flight, clicks its Delete
-//! button, and the record is gone from the store. Under `CI=true` a missing Chromium or
-//! chromedriver fails the test; elsewhere it is skipped loudly.
+//! button, and the record is gone from the store. A missing Chromium or chromedriver fails the
+//! test; outside CI, `IDEM_TEST_SKIP_MISSING=1` skips it loudly instead.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -20,15 +20,20 @@ pub(crate) const RAW: &str = "0";
 /// The named fields of a record (besides the result pieces `0`, `1`, ...).
 const KNOWN: [&[u8]; 5] = [b"m", b"p", b"k", b"g", b"e"];
 
-/// Bytes of the meta field (`m`) of a settled record; an in-flight one appends its owner.
+/// Bytes of the meta field (`m`) of a tombstone: state, codec, attempt and four times.
 pub(crate) const META_BYTES: usize = 34;
 
-/// Bytes of the meta field of an in-flight record: the settled layout and the owner token.
+/// Bytes of the meta field of an in-flight record: the tombstone's layout and the owner token.
 pub(crate) const HELD_META_BYTES: usize = META_BYTES + 16;
 
+/// Bytes of the meta field of a settled record: the in-flight layout and `completed_at`.
+pub(crate) const SETTLED_META_BYTES: usize = HELD_META_BYTES + 7;
+
 /// The meta field (`m`) of a record, as the scripts pack it (Lua `struct` format
-/// `>c1c1I4I7I7I7I7`, then the owner token in flight): state, codec, attempt, fence,
-/// created_at, lease_until (in flight) or completed_at (settled), expires_at.
+/// `>c1c1I4I7I7I7I7c16`, then `I7` when settled): state, codec, attempt, fence, created_at,
+/// lease_until, expires_at, the owner token, and a settled record's completed_at. A settled
+/// record keeps the owner and the lease of the attempt that settled it, as idem-core's machine
+/// leaves them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Meta {
     pub(crate) state: State,
@@ -37,11 +42,13 @@ pub(crate) struct Meta {
     pub(crate) attempt: u32,
     pub(crate) fence: u64,
     pub(crate) created: u64,
-    /// The lease end of an in-flight record, the completion time of a settled one.
+    /// The lease end of the attempt that holds (or held) the record.
     pub(crate) time: u64,
     pub(crate) expires: u64,
-    /// The owner of an in-flight record; a settled record keeps none.
-    pub(crate) owner: Option<u128>,
+    /// The owner of the attempt that holds (or settled) the record.
+    pub(crate) owner: u128,
+    /// When a settled record settled; `None` in flight.
+    pub(crate) completed: Option<u64>,
 }
 
 impl Meta {
@@ -49,16 +56,18 @@ impl Meta {
     /// for them), so one here is garbled too.
     pub(crate) fn parse(bytes: &[u8]) -> Result<Meta, String> {
         let garbled = || "the meta field is garbled".to_owned();
-        if bytes.len() != META_BYTES && bytes.len() != HELD_META_BYTES {
-            return Err(garbled());
-        }
-        let state = match bytes[0] {
-            b'i' => State::InFlight,
-            b'c' => State::Completed,
-            b'f' => State::Failed,
-            _ => return Err("unknown state".to_owned()),
+        let state = match bytes.first() {
+            Some(b'i') => State::InFlight,
+            Some(b'c') => State::Completed,
+            Some(b'f') => State::Failed,
+            Some(_) => return Err("unknown state".to_owned()),
+            None => return Err(garbled()),
         };
-        if (state == State::InFlight) != (bytes.len() == HELD_META_BYTES) {
+        let expected = match state {
+            State::InFlight => HELD_META_BYTES,
+            State::Completed | State::Failed => SETTLED_META_BYTES,
+        };
+        if bytes.len() != expected {
             return Err(garbled());
         }
         let lz4 = match bytes[1] {
@@ -75,7 +84,12 @@ impl Meta {
         let owner = bytes
             .get(META_BYTES..HELD_META_BYTES)
             .and_then(|b| <[u8; 16]>::try_from(b).ok())
-            .map(u128::from_be_bytes);
+            .map(u128::from_be_bytes)
+            .ok_or_else(garbled)?;
+        let completed = match state {
+            State::InFlight => None,
+            State::Completed | State::Failed => Some(at(HELD_META_BYTES)?),
+        };
         Ok(Meta {
             state,
             lz4,
@@ -85,6 +99,7 @@ impl Meta {
             time: at(20)?,
             expires: at(27)?,
             owner,
+            completed,
         })
     }
 }
@@ -241,23 +256,16 @@ impl<'a> Fields<'a> {
             Some(decode_result(stored, meta.lz4, max_result)?)
         };
         let failure = self.text("e", "failure message")?.map(Failure::permanent);
-        let time = Timestamp::from_micros(meta.time);
-        // A settled record keeps neither its owner nor its lease: it answers the nil token,
-        // and the lease as ended when the record settled.
-        let (owner, completed_at) = match meta.owner {
-            Some(owner) => (owner, None),
-            None => (0, Some(time)),
-        };
         Ok(Record {
             key: RecordKey::new(scope, key),
             state: meta.state,
             fingerprint: Fingerprint::from_bytes(fingerprint),
-            owner: OwnerToken::from_u128(owner),
+            owner: OwnerToken::from_u128(meta.owner),
             fence: Fence::new(meta.fence),
-            lease_until: time,
+            lease_until: Timestamp::from_micros(meta.time),
             attempt: meta.attempt,
             created_at: Timestamp::from_micros(meta.created),
-            completed_at,
+            completed_at: meta.completed.map(Timestamp::from_micros),
             expires_at: Timestamp::from_micros(meta.expires),
             result,
             failure,
@@ -308,8 +316,13 @@ mod tests {
         1_700_003_600_000_000,
     ];
 
+    /// When the settled records of the tests settled.
+    const SETTLED_AT: u64 = 1_700_000_000_500_000;
+
     fn settled_meta(state: u8, codec: u8) -> Vec<u8> {
-        meta(state, codec, 2, TIMES, None)
+        let mut out = meta(state, codec, 2, TIMES, Some(0xfeed));
+        out.extend_from_slice(&SETTLED_AT.to_be_bytes()[1..]);
+        out
     }
 
     fn completed_with(meta: &[u8], result_pieces: &[(&str, &[u8])]) -> Vec<Vec<u8>> {
@@ -335,11 +348,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(record.result.as_deref(), Some(&b"hello world"[..]));
-        // A settled record keeps no owner and no lease.
-        assert_eq!(record.owner, OwnerToken::from_u128(0));
+        // A settled record keeps the owner and the lease of the attempt that settled it.
+        assert_eq!(record.owner, OwnerToken::from_u128(0xfeed));
         assert_eq!(record.fence, Fence::new(TIMES[0]));
         assert_eq!(record.created_at, Timestamp::from_micros(TIMES[1]));
-        assert_eq!(record.completed_at, Some(Timestamp::from_micros(TIMES[2])));
+        assert_eq!(
+            record.completed_at,
+            Some(Timestamp::from_micros(SETTLED_AT))
+        );
         assert_eq!(record.lease_until, Timestamp::from_micros(TIMES[2]));
         assert_eq!(record.expires_at, Timestamp::from_micros(TIMES[3]));
         assert_eq!(record.attempt, 2);
@@ -378,7 +394,9 @@ mod tests {
         let short = settled_meta(b'c', b'0')[..20].to_vec();
         let tombstone = settled_meta(b'-', b'0');
         let lz4_failed = settled_meta(b'f', b'1');
-        let zero_attempt = meta(b'c', b'0', 0, TIMES, None);
+        let mut zero_attempt = meta(b'c', b'0', 0, TIMES, Some(1));
+        zero_attempt.extend_from_slice(&SETTLED_AT.to_be_bytes()[1..]);
+        let settled_without_completion = meta(b'c', b'0', 2, TIMES, Some(1));
         let cases: Vec<Vec<Vec<u8>>> = vec![
             completed(&[]),                         // completed without a result
             completed(&[("0", b"a"), ("2", b"c")]), // a gap in the pieces
@@ -391,6 +409,7 @@ mod tests {
             completed_with(&held, &[("0", b"a")]),                     // in flight with a result
             completed_with(&lz4_failed, &[("e", b"x")]),               // a codec on a failure
             completed_with(&zero_attempt, &[("0", b"a")]),             // attempt 0
+            completed_with(&settled_without_completion, &[("0", b"a")]), // no completed_at
             completed_with(&settled_meta(b'f', b'0'), &[]),            // failed without a failure
             completed(&[("0", b"a"), ("0", b"b")]),                    // a piece twice
             completed(&[("0", b"a"), ("99999999999999999999999", b"x")]),
@@ -418,13 +437,18 @@ mod tests {
     #[test]
     fn every_meta_length_and_byte_is_checked() {
         // No byte string panics the meta decoder.
-        let base = meta(b'i', b'0', 1, TIMES, Some(7));
-        for len in 0..=base.len() + 1 {
-            let mut bytes = base.clone();
-            bytes.resize(len, 0xff);
-            let _ = Meta::parse(&bytes);
+        for base in [
+            meta(b'i', b'0', 1, TIMES, Some(7)),
+            settled_meta(b'c', b'1'),
+        ] {
+            for len in 0..=base.len() + 1 {
+                let mut bytes = base.clone();
+                bytes.resize(len, 0xff);
+                let _ = Meta::parse(&bytes);
+            }
+            assert!(Meta::parse(&base).is_ok());
         }
-        assert!(Meta::parse(&base).is_ok());
+        assert_eq!(settled_meta(b'f', b'0').len(), SETTLED_META_BYTES);
         assert_eq!(be56(&[0, 0, 0, 0, 0, 1, 2]), 0x0102);
     }
 

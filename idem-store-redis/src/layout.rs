@@ -12,7 +12,7 @@
 //! touches exactly one slot.
 //!
 //! Why 84 bits: Redis allocates a key of up to 30 bytes in 32 bytes and one of 31 to 44 bytes
-//! in 48, and a completed record with a 200-byte result stays under 400 bytes only with the
+//! in 48, and a completed record with a 200-byte result stays at 456 bytes only with the
 //! smaller key (see the README). With 14 digest characters, `idem:{default::<digest>}` is 30
 //! bytes. Two keys of one namespace share a digest with a probability of about n^2 / 2^85 for
 //! n live records (3e-10 for a hundred million); and a shared digest is never a wrong answer:

@@ -32,15 +32,15 @@
 //! the key as 84 bits of its SHA-256 in 14 base64url characters (raw client input is never part
 //! of a Redis key). The braces are a Cluster hash tag around the whole identity: a record lives
 //! on one node, and every script touches one slot (no `CROSSSLOT`). The fields are one letter
-//! each: `m` the meta (state, result codec, attempt, fence, and created, lease-end or
-//! completion, and expiry times in microseconds, packed big-endian in 34 bytes; an in-flight
-//! record appends its 16-byte owner token), `p` the fingerprint (32 bytes), `k`/`g` the key and
-//! scope as given, `e` a failure message; the result is cut into pieces of at most 63 bytes
-//! (fields `0`, `1`, ...) while it is at most 2 KiB, so a small record keeps Redis's compact
-//! listpack encoding. A settled record keeps neither its owner nor its lease: its
-//! [`Record::owner`](idem_core::Record::owner) reads as the nil token (0) and its `lease_until`
-//! as its completion time. Results over the compression threshold (1 KiB by default) are
-//! lz4-compressed when that makes them smaller, and flagged in the meta.
+//! each: `m` the meta (state, result codec, attempt, fence, and created, lease-end and expiry
+//! times in microseconds, then the 16-byte owner token, then a settled record's completion
+//! time, packed big-endian: 50 bytes in flight, 57 settled), `p` the fingerprint (32 bytes),
+//! `k`/`g` the key and scope as given, `e` a failure message; the result is cut into pieces of
+//! at most 63 bytes (fields `0`, `1`, ...) while it is at most 2 KiB, so a small record keeps
+//! Redis's compact listpack encoding. A settled record keeps the owner and the lease of the
+//! attempt that settled it: `get` answers what [`idem_core::machine`] leaves, as every store
+//! does. Results over the compression threshold (1 KiB by default) are lz4-compressed when that
+//! makes them smaller, and flagged in the meta.
 //!
 //! # Scripts and time
 //! Claim, heartbeat, complete, fail and release are one `EVALSHA` each (the scripts are loaded
@@ -49,8 +49,7 @@
 //! (`TIME`, one read, one `HSET`, one `PEXPIRE`). Every script reads the time with `TIME` on
 //! the server, never from the client, and implements exactly the transitions of
 //! [`idem_core::machine`]: a fingerprint mismatch first, a lapsed lease taken over with a higher
-//! fence, the owner and fence checked on every holder's step (on a settled record, which keeps
-//! no owner, its fence: every grant of a key has its own), a re-sent complete answered `Ok`, a
+//! fence, the owner and fence checked on every holder's step, a re-sent complete answered `Ok`, a
 //! retryable failure freeing the key, a permanent one kept. Every script is safe to re-send
 //! (the Cluster client retries after a dropped connection): the same owner and fence get the
 //! same answer, and a re-sent claim whose first copy was applied gets the same grant back.

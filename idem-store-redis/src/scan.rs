@@ -340,15 +340,19 @@ type RecordRead = Result<Option<(Record, idem_core::Timestamp)>, StoreError>;
 mod tests {
     use super::*;
 
-    /// A meta field: state, codec '0', attempt 1, then fence, created, time, expires.
-    fn meta(state: u8, fence: u64, created: u64, expires: u64, owner: bool) -> redis::Value {
+    /// A meta field: state, codec '0', attempt 1, then fence, created, lease end, expires;
+    /// `whole`, the owner and (settled) the completion time that follow.
+    fn meta(state: u8, fence: u64, created: u64, expires: u64, whole: bool) -> redis::Value {
         let mut out = vec![state, b'0'];
         out.extend_from_slice(&1u32.to_be_bytes());
         for n in [fence, created, created + 1, expires] {
             out.extend_from_slice(&n.to_be_bytes()[1..]);
         }
-        if owner {
+        if whole {
             out.extend_from_slice(&[9; 16]);
+            if state != b'i' {
+                out.extend_from_slice(&(created + 1).to_be_bytes()[1..]);
+            }
         }
         redis::Value::BulkString(out)
     }
@@ -357,7 +361,7 @@ mod tests {
     fn the_meta_leaves_out_only_what_the_read_would_leave_out() {
         let now = 1_000_000;
         let in_flight = meta(b'i', 3, 400_000, 2_000_000, true);
-        let completed = meta(b'c', 3, 900_000, 2_000_000, false);
+        let completed = meta(b'c', 3, 900_000, 2_000_000, true);
         let wanted = Some(State::InFlight);
         // The state filter, and the age filter (600,000 and 100,000 us old).
         assert!(!left_out(&in_flight, now, wanted, 0));
@@ -365,7 +369,7 @@ mod tests {
         assert!(!left_out(&in_flight, now, None, 500_000));
         assert!(left_out(&completed, now, None, 500_000));
         // Gone: expired, or a tombstone.
-        assert!(left_out(&meta(b'c', 3, 0, now, false), now, None, 1));
+        assert!(left_out(&meta(b'c', 3, 0, now, true), now, None, 1));
         assert!(left_out(
             &meta(b'-', 3, 0, 2_000_000, false),
             now,
@@ -377,6 +381,7 @@ mod tests {
             meta(b'-', 0, 0, 2_000_000, false),
             meta(b'i', 0, 400_000, 2_000_000, true),
             meta(b'i', 3, 400_000, 2_000_000, false),
+            meta(b'c', 3, 400_000, 2_000_000, false),
             meta(b'x', 3, 400_000, 2_000_000, false),
             redis::Value::BulkString(b"garbage".to_vec()),
             redis::Value::Nil,

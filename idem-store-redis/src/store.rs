@@ -190,7 +190,7 @@ impl RedisStore {
         match reply.tag() {
             b"acquired" => {
                 let meta = reply.meta(1)?;
-                if meta.state != State::InFlight || meta.owner != Some(owner.as_u128()) {
+                if meta.state != State::InFlight || meta.owner != owner.as_u128() {
                     return Err(reply.unexpected());
                 }
                 Ok(ClaimOutcome::Acquired {

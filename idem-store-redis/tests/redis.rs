@@ -318,13 +318,14 @@ async fn recover(store: &RedisStore, when: &str) {
     }
 }
 
-/// `MEMORY USAGE` of a completed record with a 200-byte result: under 400 bytes, with a
+/// `MEMORY USAGE` of a completed record with a 200-byte result: at most 456 bytes, with a
 /// namespace as long as the default one (`default`, 7 bytes), no scope and a short key.
 ///
 /// Redis counts 40 bytes for the key's entry and object, plus the key's allocation and the
 /// hash's listpack allocation, both rounded up to jemalloc's size classes (..., 32, 48, 64, ...
 /// 256, 320, 384 bytes): the key must stay within 30 bytes (32 allocated) and the listpack
-/// within 320.
+/// within 384 (333 bytes: a settled record keeps its owner and lease, 23 bytes more than the
+/// 310 that fitted 320 when it kept neither).
 #[tokio::test]
 async fn a_completed_record_with_a_200_byte_result_is_small() {
     let Some(h) = single_harness().await else {
@@ -354,9 +355,9 @@ async fn a_completed_record_with_a_200_byte_result_is_small() {
         assert_eq!(encoding, redis::Value::BulkString(b"listpack".to_vec()));
         let record = store.get(&k).await.unwrap().unwrap();
         assert_eq!(record.result.as_deref(), Some(&result[..]));
-        // A settled record keeps no owner and no lease.
-        assert_eq!(record.owner.as_u128(), 0);
-        assert_eq!(Some(record.lease_until), record.completed_at);
+        // A settled record keeps the owner and the lease of the attempt that settled it.
+        assert_eq!(record.owner, lease.owner);
+        assert_eq!(record.lease_until, lease.until);
         assert_eq!(record.fence, lease.fence);
         eprintln!(
             "MEMORY USAGE with {what} (key {} bytes): in flight {in_flight} bytes, completed \
@@ -368,7 +369,7 @@ async fn a_completed_record_with_a_200_byte_result_is_small() {
     }
     let (key_len, bytes) = figures[0];
     assert_eq!(key_len, 30, "idem:{{<7 bytes>::<14 digest characters>}}");
-    assert!(bytes < 400, "{bytes} bytes");
+    assert!(bytes <= 456, "{bytes} bytes");
     // A longer key costs one size class more (48 bytes instead of 32), no more.
     assert!(figures[1].1 <= bytes + 16, "{figures:?}");
 }
@@ -865,7 +866,7 @@ openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 
         .stderr(std::process::Stdio::null())
         .status();
     if !made.is_ok_and(|s| s.success()) {
-        idem_testkit::probe::skip("openssl could not make a test certificate");
+        idem_testkit::probe::missing("openssl could not make a test certificate");
         return;
     }
     let (ca, cert, key_file) = (

@@ -11,9 +11,10 @@
 //! ```
 //!
 //! The macro expands into one named `#[tokio::test]` per contract clause (see [`conformance`]),
-//! so a failing test names the clause it breaks. A harness whose server is missing returns
-//! `None`: outside CI the clause skips with a loud message; under `CI=true` the probe that
-//! found it missing has already failed the test (see [`probe`]).
+//! so a failing test names the clause it breaks. A harness whose server is missing fails the
+//! test with the reason (the probe that found it missing panics), or, when the run set
+//! `IDEM_TEST_SKIP_MISSING=1` outside CI, returns `None` and the clause skips loudly (see
+//! [`probe`]).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod conformance;
@@ -71,6 +72,7 @@ macro_rules! store_conformance {
             resent_claim_with_its_owner_gets_the_same_grant,
             retryable_fail_frees_the_key,
             permanent_fail_keeps_a_failed_record,
+            get_returns_each_state_as_the_machine_leaves_it,
             release_frees_the_key,
             delete_answers_whether_a_live_record_was_there,
             heartbeat_extends_the_lease,

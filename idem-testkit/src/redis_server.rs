@@ -3,8 +3,9 @@
 //! (DESIGN.md section 9), and [`command`], which asks them `PING`, `CLUSTER INFO` and the like
 //! through redis-rs's blocking client.
 //!
-//! Where `redis-server` or `redis-cli` is not installed, [`have_redis_binaries`] skips loudly,
-//! and fails under `CI=true` (see [`probe`](crate::probe)).
+//! Where `redis-server` or `redis-cli` is not installed, [`have_redis_binaries`] fails the
+//! test, or skips it loudly when the run set `IDEM_TEST_SKIP_MISSING=1` outside CI (see
+//! [`probe`](crate::probe)).
 //!
 //! ```ignore
 //! let Some(cluster) = Cluster::start() else { return };
@@ -17,7 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::probe::skip;
+use crate::probe::missing;
 
 /// `host:port` of a `redis://` URL (`redis://user:pass@host:port/db`), port 6379 when it names
 /// none.
@@ -33,11 +34,11 @@ pub fn host_port(url: &str) -> String {
     }
 }
 
-/// Whether `redis-server` and `redis-cli` are installed; skips loudly (fails under `CI=true`)
-/// if not.
+/// Whether `redis-server` and `redis-cli` are installed; if not, the test fails, or skips
+/// loudly when the run asked for it ([`missing`]).
 ///
 /// # Panics
-/// Under `CI=true`, when either is missing.
+/// When either is missing, unless the run asked to skip (see [`crate::probe::decide`]).
 #[must_use]
 pub fn have_redis_binaries() -> bool {
     let found = ["redis-server", "redis-cli"].iter().all(|bin| {
@@ -49,7 +50,7 @@ pub fn have_redis_binaries() -> bool {
             .is_ok_and(|s| s.success())
     });
     if !found {
-        skip("redis-server or redis-cli is not installed (apt-get install redis-server)");
+        missing("redis-server or redis-cli is not installed (apt-get install redis-server)");
     }
     found
 }
@@ -275,15 +276,16 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// A three-node Cluster of the calling test's own, or `None` (skipped loudly; a failure
-    /// under `CI=true`) without `redis-server`. Its nodes keep nothing on disk.
+    /// A three-node Cluster of the calling test's own, or `None` (when the run skips a missing
+    /// service, see [`crate::probe`]) without `redis-server`. Its nodes keep nothing on disk.
     #[must_use]
     pub fn start() -> Option<Cluster> {
         have_redis_binaries().then(|| start_cluster(&[]))
     }
 
     /// A three-node Cluster of the calling test's own (it may kill and restart its nodes), or
-    /// `None` (skipped loudly; a failure under `CI=true`) without `redis-server`. Its nodes
+    /// `None` (when the run skips a missing service, see
+    /// [`crate::probe`]) without `redis-server`. Its nodes
     /// keep their data in an append-only file written on every command, so a node killed and
     /// started again comes back with its records as well as its slots (`nodes.conf`).
     #[must_use]
@@ -368,8 +370,8 @@ impl Cluster {
 
 /// The test Cluster of this test binary: `IDEM_TEST_REDIS_CLUSTER` (comma-separated seed
 /// URLs), or three `redis-server --cluster-enabled yes` processes started once per test binary
-/// and stopped when it exits. `None` (skipped loudly; a failure under `CI=true`) if neither is
-/// there.
+/// and stopped when it exits. `None` (when the run skips a missing service, see [`crate::probe`]) if
+/// neither is there.
 #[must_use]
 pub fn cluster() -> Option<&'static Cluster> {
     static CLUSTER: OnceLock<Option<Cluster>> = OnceLock::new();

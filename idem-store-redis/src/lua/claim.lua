@@ -54,7 +54,7 @@ if #raw > 0 then
     end
     if now < t then
       -- The same owner token means this very claim was sent twice (a lost reply): same answer.
-      if string.sub(m, 35) == ARGV[3] then
+      if string.sub(m, 35, 50) == ARGV[3] then
         if a > 1 then
           return { 'acquired', m, '1' }
         end

@@ -19,8 +19,8 @@ if ARGV[5] == '1' and now >= t then
   return { 'rejected', 'lease_expired' }
 end
 local expires = now + tonumber(ARGV[4])
--- The new meta has no owner: a settled record needs none.
-redis.call('HSET', key, 'm', struct.pack(META, 'c', ARGV[7], a, n, c, now, expires),
+-- The owner, fence and lease of the attempt stay; the completion time is appended.
+redis.call('HSET', key, 'm', struct.pack(SETTLED, 'c', ARGV[7], a, n, c, t, expires, ARGV[2], now),
   unpack(ARGV, 8))
 redis.call('PEXPIRE', key, ttl_ms(expires, tonumber(ARGV[6])))
 return { 'ok' }

@@ -27,6 +27,7 @@ if retryable then
   return { 'ok' }
 end
 local expires = now + tonumber(ARGV[4])
-redis.call('HSET', key, 'm', struct.pack(META, 'f', '0', a, n, c, now, expires), 'e', ARGV[8])
+local m = struct.pack(SETTLED, 'f', '0', a, n, c, t, expires, ARGV[2], now)
+redis.call('HSET', key, 'm', m, 'e', ARGV[8])
 redis.call('PEXPIRE', key, ttl_ms(expires, memory_ms))
 return { 'ok' }

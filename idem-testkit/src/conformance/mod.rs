@@ -16,11 +16,13 @@ use crate::Harness;
 
 mod claims;
 mod leases;
+mod records;
 mod scans;
 mod settle;
 
 pub use claims::*;
 pub use leases::*;
+pub use records::*;
 pub use scans::*;
 pub use settle::*;
 
