@@ -10,6 +10,7 @@ mod common;
 use common::raw_http::{Message, RawClient, RawUpstream};
 use common::{Answer, Gateway, Http, config, try_post as post};
 use http::{Method, StatusCode, Version, header};
+use idem_core::{IdempotencyKey, RecordKey, Store};
 
 /// The trailer fields that belong to a connection or to the framing: none may pass.
 const HOP_TRAILERS: [&str; 7] = [
@@ -211,6 +212,13 @@ async fn an_upstreams_replay_headers_are_never_passed_on() {
         replay.headers
     );
     assert_eq!(upstream.runs(), 3);
+    let key = RecordKey::unscoped(IdempotencyKey::new("forged-1").unwrap());
+    let record = gateway.store.get(&key).await.unwrap().expect("the record");
+    let stored = idem_http::codec::decode(record.result.as_ref().unwrap()).unwrap();
+    let names: Vec<&str> = stored.headers.iter().map(|(n, _)| n.as_str()).collect();
+    for name in forged {
+        assert!(!names.contains(&name), "{name} stored: {names:?}");
+    }
 }
 
 /// Sends a keyed request to `url` twice and one without a key: each must get the gateway's
