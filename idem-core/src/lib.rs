@@ -6,6 +6,14 @@
 //! operation, and a store records per key whether it is in flight, done (with its result) or
 //! failed, so exactly one attempt runs the side effect and every other gets the recorded answer.
 //!
+//! In `Cargo.toml`:
+//!
+//! ```toml
+//! [dependencies]
+//! idem-core = "0.1"
+//! bytes = "1"
+//! ```
+//!
 //! ```
 //! use std::time::Duration;
 //! use bytes::Bytes;

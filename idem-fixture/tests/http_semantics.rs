@@ -1,7 +1,7 @@
 //! Every behaviour of DESIGN.md section 5, black-box: the fixture binary on 127.0.0.1:0, a real
 //! HTTP client, on every store the build has: memory always; Redis, PostgreSQL and redb with
-//! the fixture's features of those names (a missing server skips loudly outside CI and fails
-//! under CI=true).
+//! the fixture's features of those names (a missing server fails the test; outside CI,
+//! `IDEM_TEST_SKIP_MISSING=1` skips it loudly).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;

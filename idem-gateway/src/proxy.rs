@@ -353,7 +353,7 @@ impl Tracker {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ClientAddr(pub SocketAddr);
 
-/// The upstream client: a [`tower_service::Service`] that is always ready and cheap to clone.
+/// The upstream client: a [`Service`](https://docs.rs/tower-service/0.3/tower_service/trait.Service.html) that is always ready and cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Proxy {
     shared: Arc<ProxyShared>,

@@ -2,7 +2,7 @@
 //! schema, and the admin commands (`idem keys`, `idem store`) see and change those records;
 //! the section-5 basics hold; two `idem serve` processes share one schema under a storm of one key, and one killed with
 //! `kill -9` mid-request is taken over by the other. Each test has a schema of its own, dropped
-//! at the end. A missing server skips loudly, and fails under CI=true.
+//! at the end. A missing server fails the test (outside CI, `IDEM_TEST_SKIP_MISSING=1` skips it loudly).
 
 #![cfg(feature = "postgres")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

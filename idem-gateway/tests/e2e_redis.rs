@@ -1,6 +1,7 @@
 //! End-to-end on the Redis store (feature `redis`): two `idem serve` processes share one Redis
-//! in front of one idem-fixture upstream. A missing server skips loudly, and fails under
-//! CI=true. Each test has its own namespace; its records expire with a short retention.
+//! in front of one idem-fixture upstream. A missing server fails the test (outside CI,
+//! `IDEM_TEST_SKIP_MISSING=1` skips it loudly). Each test has its own namespace; its records
+//! expire with a short retention.
 
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -18,7 +19,8 @@ fn url() -> String {
     service_url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 }
 
-/// Whether Redis answers (skips loudly outside CI when it does not).
+/// Whether Redis answers (when it does not, the test fails, or skips loudly with
+/// `IDEM_TEST_SKIP_MISSING=1` outside CI).
 fn redis_up() -> bool {
     require_tcp("Redis", &host_port(&url()))
 }

@@ -33,11 +33,14 @@ impl Shared {
     }
 }
 
-/// A [`Layer`] that gives the requests of a service the Idempotency-Key semantics: the first
-/// request with a key runs the handler and stores its response; a retry gets that response
-/// replayed; a concurrent retry gets 409; the key with another request gets 422.
+/// A tower [`Layer`][tower-layer] that gives the requests of a service the Idempotency-Key
+/// semantics: the first request with a key runs the handler and stores its response; a retry
+/// gets that response replayed; a concurrent retry gets 409; the key with another request gets
+/// 422.
 ///
 /// See the [crate docs](crate) for an example and [`Config`] for the settings.
+///
+/// [tower-layer]: https://docs.rs/tower-layer/0.3/tower_layer/trait.Layer.html
 #[derive(Clone)]
 pub struct IdempotencyLayer {
     shared: Arc<Shared>,

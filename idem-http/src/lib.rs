@@ -1,4 +1,17 @@
-//! Idempotency-Key HTTP semantics for idem, as a tower [`Layer`](tower_layer::Layer).
+//! Idempotency-Key HTTP semantics for idem, as a tower [`Layer`][tower-layer].
+//!
+//! In `Cargo.toml`:
+//!
+//! ```toml
+//! [dependencies]
+//! idem-http = "0.1"
+//! idem-store-memory = "0.1" # or idem-store-redis, idem-store-postgres, idem-store-redb
+//! axum = "0.8"
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
+//! # the example below also sends requests by hand:
+//! http = "1"
+//! tower = { version = "0.5", features = ["util"] }
+//! ```
 //!
 //! ```
 //! use axum::{Router, body::Body, routing::post};
@@ -82,12 +95,17 @@
 //!   fence) in its request's, or extracts it with the `axum` feature (none when the request
 //!   runs unrecorded, fail open).
 //!
-//! The request body type must be buildable from [`bytes::Bytes`] (axum's `Body`,
+//! The request body type must be buildable from [`Bytes`][bytes] (axum's `Body`,
 //! `http_body_util::Full<Bytes>`), since the layer reads the body before the handler runs.
 //! In plain hyper 1, whose `Incoming` is not, wrap the request body on the way in into a
 //! [`RequestBody`] (`request.map(RequestBody::new)`; the crate's `tests/hyper.rs` serves a
 //! `service_fn` that way through hyper-util's `TowerToHyperService`).
 //! Metrics names are listed in [`metrics`].
+//!
+// Links to crates outside the workspace are URLs: an intra-doc link to one renders as literal
+// text under `cargo doc --no-deps`, which does not document it.
+//! [tower-layer]: https://docs.rs/tower-layer/0.3/tower_layer/trait.Layer.html
+//! [bytes]: https://docs.rs/bytes/1/bytes/struct.Bytes.html
 
 mod body;
 mod claim;

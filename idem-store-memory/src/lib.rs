@@ -1,6 +1,15 @@
 //! [`MemoryStore`]: the embedded default store of idem. No server, no I/O: records live in
 //! sharded maps in this process, and are gone when it exits.
 //!
+//! In `Cargo.toml`:
+//!
+//! ```toml
+//! [dependencies]
+//! idem-core = "0.1"
+//! idem-store-memory = "0.1"
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
+//! ```
+//!
 //! ```
 //! use std::time::Duration;
 //! use idem_core::{Bytes, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyKey, RecordKey, Store};

@@ -1,6 +1,15 @@
 //! The PostgreSQL store of idem: records that survive, can be audited with SQL, and can commit
 //! together with the business write.
 //!
+//! In `Cargo.toml`:
+//!
+//! ```toml
+//! [dependencies]
+//! idem-core = "0.1"
+//! idem-store-postgres = "0.1"
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
+//! ```
+//!
 //! ```no_run
 //! use std::time::Duration;
 //! use idem_core::{Bytes, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyKey, RecordKey, Store};
@@ -35,7 +44,7 @@
 //! small dependency tree, no macros and no database at compile time (sqlx's checked queries
 //! need a live database or offline data at build time, and sqlx 0.9 a newer Rust).
 //! deadpool-postgres adds a pool with wait/create timeouts and a per-connection statement
-//! cache, and re-exports the driver: [`tokio_postgres`] here is the driver the store uses, so
+//! cache, and re-exports the driver: [`tokio_postgres`][tokio-postgres] here is the driver the store uses, so
 //! callers name the same `Transaction` type. Connections are plain TCP (`NoTls`); put TLS in
 //! front (a local socket, a sidecar) or open an issue if you need it in the store.
 //!
@@ -101,6 +110,7 @@
 //! [`StoreError::Corrupt`]: idem_core::StoreError::Corrupt
 //! [`StoreError::Backend`]: idem_core::StoreError::Backend
 //! [`Store::delete`]: idem_core::Store::delete
+//! [tokio-postgres]: https://docs.rs/tokio-postgres/0.7/tokio_postgres/
 
 mod config;
 mod error;

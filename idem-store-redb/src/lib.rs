@@ -1,6 +1,15 @@
 //! The embedded durable store of idem, on [redb](https://www.redb.org): one file that keeps
 //! every acknowledged record across restarts, crashes and `kill -9`.
 //!
+//! In `Cargo.toml`:
+//!
+//! ```toml
+//! [dependencies]
+//! idem-core = "0.1"
+//! idem-store-redb = "0.1"
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
+//! ```
+//!
 //! ```
 //! use std::time::Duration;
 //! use idem_core::{Bytes, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyKey, RecordKey, Store};

@@ -1,6 +1,15 @@
 //! The Redis store of idem, for a single Redis node and for Redis Cluster: every transition of
 //! the record state machine is one Lua script, run atomically by the server in one round trip.
 //!
+//! In `Cargo.toml`:
+//!
+//! ```toml
+//! [dependencies]
+//! idem-core = "0.1"
+//! idem-store-redis = "0.1" # features = ["tls"] for rediss:// URLs
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
+//! ```
+//!
 //! ```no_run
 //! use std::time::Duration;
 //! use idem_core::{Bytes, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyKey, RecordKey, Store};

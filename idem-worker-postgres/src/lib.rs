@@ -7,6 +7,17 @@
 //! that window: the claim (`claim_in`), the job's writes and the completion (`complete_in`)
 //! share one transaction, so they commit together or not at all.
 //!
+//! In `Cargo.toml`:
+//!
+//! ```toml
+//! [dependencies]
+//! idem-core = "0.1"
+//! idem-store-postgres = "0.1"
+//! idem-worker = "0.1"
+//! idem-worker-postgres = "0.1"
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
+//! ```
+//!
 //! ```
 //! use std::sync::Arc;
 //! use idem_core::{Fingerprint, IdempotencyKey};

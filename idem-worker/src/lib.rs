@@ -5,6 +5,16 @@
 //! such a consumer take effect once per business key, and tells it what to do with the
 //! message.
 //!
+//! In `Cargo.toml`:
+//!
+//! ```toml
+//! [dependencies]
+//! idem-core = "0.1"
+//! idem-store-memory = "0.1" # or a durable store: idem-store-redb, idem-store-postgres
+//! idem-worker = "0.1"
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
+//! ```
+//!
 //! ```
 //! use std::sync::Arc;
 //! use idem_core::{Fingerprint, IdempotencyKey};

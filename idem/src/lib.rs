@@ -4,6 +4,14 @@
 //! its result) or failed: exactly one attempt runs the side effect, every other attempt gets the
 //! recorded answer.
 //!
+//! In `Cargo.toml`:
+//!
+//! ```toml
+//! [dependencies]
+//! idem = "0.1" # the memory store; features = ["redis", "http", ...] add the rest
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
+//! ```
+//!
 #![cfg_attr(feature = "memory", doc = "```")]
 #![cfg_attr(not(feature = "memory"), doc = "```ignore")]
 //! use std::time::Duration;

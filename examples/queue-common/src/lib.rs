@@ -16,9 +16,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures_util::{Stream, StreamExt};
-use idem_core::{Bytes, Fingerprint, IdempotencyKey};
+use idem_core::{Bytes, Fingerprint, IdempotencyKey, Store};
 use idem_store_memory::MemoryStore;
-use idem_worker::{Disposition, JobError, JobGuard, ResultExt};
+use idem_store_redb::RedbStore;
+use idem_worker::{Disposition, JobError, JobGuard, Outcome, ResultExt};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -118,32 +119,120 @@ pub fn ctrl_c() -> CancellationToken {
     stop
 }
 
+/// The store of the demo job: the memory store (the default; a restarted worker forgets what
+/// it shipped), or, with `--redb PATH` among `args`, the durable redb store in that file (a
+/// restarted worker answers the messages it already shipped as duplicates).
+///
+/// # Errors
+/// An unknown argument, `--redb` without a path, or a redb file that cannot be opened.
+pub fn demo_store(
+    mut args: impl Iterator<Item = String>,
+) -> Result<(Arc<dyn Store>, &'static str), Error> {
+    match args.next().as_deref() {
+        None => Ok((Arc::new(MemoryStore::new()), "memory")),
+        Some("--redb") => {
+            let path = args
+                .next()
+                .ok_or("--redb needs the path of the store file")?;
+            Ok((Arc::new(RedbStore::open(path)?), "redb"))
+        }
+        Some(other) => Err(format!("unknown argument {other:?} (expected --redb PATH)").into()),
+    }
+}
+
+/// What the demo job did with the messages it was handed: the summary a worker prints when it
+/// stops.
+#[derive(Debug, Default)]
+pub struct Tally {
+    processed: AtomicU64,
+    shipped: AtomicU64,
+    duplicates: AtomicU64,
+}
+
+impl Tally {
+    /// Counts one message and what the guard made of it.
+    pub fn count<T>(&self, outcome: &Outcome<T>) {
+        self.processed.fetch_add(1, Ordering::Relaxed);
+        let counter = match outcome {
+            Outcome::Executed(_) => &self.shipped,
+            Outcome::Replayed(_) => &self.duplicates,
+            _ => return,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Messages handed to the job so far.
+    #[must_use]
+    pub fn processed(&self) -> u64 {
+        self.processed.load(Ordering::Relaxed)
+    }
+
+    /// Messages whose order was shipped (the job ran).
+    #[must_use]
+    pub fn shipped(&self) -> u64 {
+        self.shipped.load(Ordering::Relaxed)
+    }
+
+    /// Duplicates answered from the store: the order was shipped before, the job did not run.
+    #[must_use]
+    pub fn duplicates(&self) -> u64 {
+        self.duplicates.load(Ordering::Relaxed)
+    }
+
+    /// One line: processed, shipped, duplicates answered, and the rest (in flight in another
+    /// delivery, mismatched, failed, or a store error: the broker redelivers or dead-letters
+    /// those).
+    #[must_use]
+    pub fn summary(&self) -> String {
+        let (processed, shipped, duplicates) =
+            (self.processed(), self.shipped(), self.duplicates());
+        let other = processed.saturating_sub(shipped + duplicates);
+        format!(
+            "processed {processed} messages: shipped {shipped}, answered {duplicates} duplicates \
+             without shipping again, {other} other (in flight in another delivery and sent back \
+             for later, mismatched, failed, or a store error)"
+        )
+    }
+}
+
 /// The demo job of the example binaries: "ships" an order (prints it) once per key, through
-/// a guard on the memory store; a payload that is not JSON is a permanent failure.
+/// a guard on `store` (its metrics label `label`); a payload that is not JSON is a permanent
+/// failure. The [`Tally`] counts what it did.
 ///
 /// # Errors
 /// Never in practice: the guard's default configuration is valid.
-pub fn ship_orders() -> Result<impl Fn(Job) -> DispositionFuture + Clone, Error> {
-    let guard = JobGuard::builder(Arc::new(MemoryStore::new()))
+pub fn ship_orders(
+    store: Arc<dyn Store>,
+    label: &'static str,
+) -> Result<(impl Fn(Job) -> DispositionFuture + Clone, Arc<Tally>), Error> {
+    let guard = JobGuard::builder(store)
         .job_type("ship_order")
-        .store_label("memory")
+        .store_label(label)
         .build()?;
-    let shipped = Arc::new(AtomicU64::new(0));
-    Ok(move |job: Job| -> DispositionFuture {
-        let (guard, shipped) = (guard.clone(), shipped.clone());
+    let tally = Arc::new(Tally::default());
+    let counted = tally.clone();
+    let handler = move |job: Job| -> DispositionFuture {
+        let (guard, tally) = (guard.clone(), counted.clone());
         Box::pin(async move {
-            guard
+            let run = guard
                 .run_delivery(&job.key, job.fingerprint, job.delivery, |ctx| async move {
                     let order: serde_json::Value =
                         serde_json::from_slice(&job.payload).permanent()?;
-                    let n = shipped.fetch_add(1, Ordering::SeqCst) + 1;
-                    println!("shipped {} (fence {}, {n} so far)", ctx.key(), ctx.fence());
+                    println!("shipped {} (fence {})", ctx.key(), ctx.fence());
                     Ok::<_, JobError>(order)
                 })
-                .await
-                .disposition
+                .await;
+            if let Outcome::Replayed(_) = run.outcome {
+                println!(
+                    "duplicate {}: shipped before, answered from the store",
+                    job.key
+                );
+            }
+            tally.count(&run.outcome);
+            run.disposition
         })
-    })
+    };
+    Ok((handler, tally))
 }
 
 /// The future of a handler's disposition.

@@ -1,16 +1,19 @@
 //! The JetStream worker example: `publish` puts jobs on the stream (a fifth of them twice),
-//! `work` consumes them through the guard on the memory store.
+//! `work` consumes them through the guard on the memory store, or on the durable redb store
+//! with `--redb PATH`, and prints a summary on Ctrl-C (processed, shipped, duplicates answered).
+//! See the README for what to expect.
 //!
 //! ```text
 //! cargo run -p worker-nats -- publish 100
 //! cargo run -p worker-nats -- work
+//! cargo run -p worker-nats -- work --redb shipped.redb
 //! ```
 //!
 //! `IDEM_TEST_NATS_URL` (or `NATS_URL`) names the server (default `127.0.0.1:4222`).
 
 use std::time::Duration;
 
-use queue_common::{ctrl_c, demo_orders, ship_orders};
+use queue_common::{ctrl_c, demo_orders, demo_store, ship_orders};
 use worker_nats::{Error, consume, ensure_consumer};
 
 const STREAM: &str = "IDEM_EXAMPLE_JOBS";
@@ -48,11 +51,14 @@ async fn main() -> Result<(), Error> {
             println!("published {count} jobs ({} messages)", orders.len());
         }
         Some("work") => {
-            println!("working; Ctrl-C to stop");
-            consume(consumer, 16, ctrl_c(), ship_orders()?).await?;
+            let (store, label) = demo_store(args)?;
+            let (job, tally) = ship_orders(store, label)?;
+            println!("working on the {label} store; Ctrl-C to stop");
+            consume(consumer, 16, ctrl_c(), job).await?;
+            println!("{}", tally.summary());
         }
         _ => {
-            eprintln!("usage: worker-nats publish [COUNT] | work");
+            eprintln!("usage: worker-nats publish [COUNT] | work [--redb PATH]");
             std::process::exit(2);
         }
     }

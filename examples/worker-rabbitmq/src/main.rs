@@ -1,9 +1,12 @@
 //! The RabbitMQ worker example: `publish` puts jobs on the queue (a fifth of them twice),
-//! `work` consumes them through the guard on the memory store.
+//! `work` consumes them through the guard on the memory store, or on the durable redb store
+//! with `--redb PATH`, and prints a summary on Ctrl-C (processed, shipped, duplicates answered).
+//! See the README for what to expect.
 //!
 //! ```text
 //! cargo run -p worker-rabbitmq -- publish 100
 //! cargo run -p worker-rabbitmq -- work
+//! cargo run -p worker-rabbitmq -- work --redb shipped.redb
 //! ```
 //!
 //! `IDEM_TEST_AMQP_URL` (or `AMQP_ADDR`) names the broker (default
@@ -11,7 +14,7 @@
 
 use lapin::options::ConfirmSelectOptions;
 use lapin::{Connection, ConnectionProperties};
-use queue_common::{ctrl_c, demo_orders, ship_orders};
+use queue_common::{ctrl_c, demo_orders, demo_store, ship_orders};
 use worker_rabbitmq::{Error, consume, declare, publish};
 
 const QUEUE: &str = "idem.example.jobs";
@@ -41,11 +44,14 @@ async fn main() -> Result<(), Error> {
             println!("published {count} jobs ({} messages)", orders.len());
         }
         Some("work") => {
-            println!("working; Ctrl-C to stop");
-            consume(&connection, QUEUE, 16, ctrl_c(), ship_orders()?).await?;
+            let (store, label) = demo_store(args)?;
+            let (job, tally) = ship_orders(store, label)?;
+            println!("working on the {label} store; Ctrl-C to stop");
+            consume(&connection, QUEUE, 16, ctrl_c(), job).await?;
+            println!("{}", tally.summary());
         }
         _ => {
-            eprintln!("usage: worker-rabbitmq publish [COUNT] | work");
+            eprintln!("usage: worker-rabbitmq publish [COUNT] | work [--redb PATH]");
             std::process::exit(2);
         }
     }

@@ -31,7 +31,8 @@ pub fn host_port(url: &str) -> String {
     format!("{host}:{port}")
 }
 
-/// Whether the test server answers: skips loudly outside CI, fails under CI=true.
+/// Whether the test server answers; if not, the test fails, or skips loudly when the run set
+/// `IDEM_TEST_SKIP_MISSING=1` outside CI (see `idem_testkit::probe`).
 pub fn server_up() -> bool {
     require_tcp("PostgreSQL", &host_port(&url()))
 }

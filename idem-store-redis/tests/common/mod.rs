@@ -144,13 +144,15 @@ pub fn test_config(config: RedisConfig, offset: &ClockOffset) -> RedisConfig {
         .unwrap()
 }
 
-/// A harness on the single server, or `None` (skipped loudly) if it is not there.
+/// A harness on the single server, or `None` (skipped loudly, with `IDEM_TEST_SKIP_MISSING=1`)
+/// if it is not there.
 pub async fn single_harness() -> Option<RedisHarness> {
     single_harness_with(|config| config).await
 }
 
 /// A harness on the single server with settings of its own (`tune` changes the test
-/// configuration), or `None` (skipped loudly) if the server is not there.
+/// configuration), or `None` (skipped loudly, with `IDEM_TEST_SKIP_MISSING=1`) if the server is
+/// not there.
 pub async fn single_harness_with(
     tune: impl FnOnce(RedisConfig) -> RedisConfig,
 ) -> Option<RedisHarness> {
@@ -178,7 +180,8 @@ pub async fn single_harness_with(
     })
 }
 
-/// A harness on the test Cluster, or `None` (skipped loudly) if none can be had.
+/// A harness on the test Cluster, or `None` (skipped loudly, with `IDEM_TEST_SKIP_MISSING=1`) if
+/// none can be had.
 pub async fn cluster_harness() -> Option<RedisHarness> {
     let cluster = cluster()?;
     let offset = ClockOffset::new();
