@@ -90,6 +90,7 @@ impl PostgresStore {
                         fence: record.fence,
                         until: record.lease_until,
                         attempt: record.attempt,
+                        held: idem_core::atomic::Held::unknown(),
                     },
                 });
             }

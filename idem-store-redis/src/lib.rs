@@ -93,6 +93,7 @@
 //! # Features
 //! - `tls`: `rediss://` URLs (rustls with the ring provider and the system's roots).
 
+mod clock;
 mod codec;
 mod config;
 mod conn;
@@ -100,6 +101,7 @@ mod conn;
 #[doc(hidden)]
 pub mod fuzzing;
 mod layout;
+mod primitives;
 mod scan;
 mod scripts;
 mod store;
