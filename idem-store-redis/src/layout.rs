@@ -1,6 +1,6 @@
-//! Where a record lives in Redis, and how its result is cut into hash fields.
+//! Where a record lives in Redis.
 //!
-//! One HASH per record at `idem:{<namespace>:<scope>:<digest>}`:
+//! One value per record at `idem:{<namespace>:<scope>:<digest>}`:
 //! - `<namespace>` is the configured namespace (letters, digits, `_`, `-`, `.`);
 //! - `<scope>` is the record's scope, percent-escaped (every byte outside `A-Za-z0-9_.-`
 //!   becomes `%XX`), empty for no scope;
@@ -8,16 +8,16 @@
 //!   in 14 characters of base64url.
 //!
 //! Raw client input never appears in a Redis key, and the hash tag (the part in braces) holds
-//! the whole record identity, so Redis Cluster keeps a record on one node and every script
+//! the whole record identity, so Redis Cluster keeps a record on one node and every command
 //! touches exactly one slot.
 //!
 //! Why 84 bits: Redis allocates a key of up to 30 bytes in 32 bytes and one of 31 to 44 bytes
-//! in 48, and a completed record with a 200-byte result stays at 456 bytes only with the
+//! in 48, and a completed record with a 200-byte result stays at 392 bytes only with the
 //! smaller key (see the README). With 14 digest characters, `idem:{default::<digest>}` is 30
 //! bytes. Two keys of one namespace share a digest with a probability of about n^2 / 2^85 for
 //! n live records (3e-10 for a hundred million); and a shared digest is never a wrong answer:
-//! the record keeps its key and scope, and every script that reads a record for a key checks
-//! them (a collision is reported as `Corrupt`).
+//! the record keeps its key and scope, and every read of a record for a key checks them (a
+//! collision is reported as `Corrupt`).
 
 use idem_core::RecordKey;
 
