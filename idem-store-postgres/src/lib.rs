@@ -104,11 +104,11 @@
 
 mod config;
 mod error;
+mod primitives;
 mod row;
 mod schema;
 mod store;
 mod transaction;
-mod transitions;
 
 pub use config::{ConfigError, PostgresConfig};
 pub use schema::MigrationReport;

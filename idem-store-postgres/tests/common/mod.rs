@@ -108,8 +108,14 @@ impl Harness for PgHarness {
         Arc::new(self.store.clone())
     }
 
+    /// Moves store time by `by` plus the error bound of the store's clock estimate: a lease
+    /// counts as lapsed for a takeover only once it has lapsed by more than the bound.
     async fn advance(&self, by: Duration) {
-        self.store.advance_clock(by);
+        self.store.advance_clock(by + self.store.clock_bound());
+    }
+
+    fn round_trips(&self) -> Option<u64> {
+        Some(self.store.round_trips())
     }
 
     async fn corrupt(&self, key: &RecordKey) {
