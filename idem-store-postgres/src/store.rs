@@ -14,7 +14,7 @@ use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMe
 use idem_core::machine::LeasePolicy;
 use idem_core::{
     Bytes, ClaimOutcome, ClaimRequest, ClockEstimate, Driven, Failure, Lease, Record, RecordKey,
-    ScanPage, ScanQuery, Store, StoreError, SystemClock, Timestamp, duration_micros,
+    ScanPage, ScanQuery, Store, StoreError, Timestamp, duration_micros,
 };
 
 use crate::config::PostgresConfig;
@@ -136,7 +136,7 @@ impl PostgresStore {
                 op_timeout: config.op_timeout,
                 policy: config.lease_policy,
                 offset: AtomicI64::new(0),
-                clock: ClockEstimate::new(Arc::new(SystemClock)),
+                clock: ClockEstimate::new(config.local_clock.clone()),
                 measured: AtomicBool::new(false),
                 round_trips: AtomicU64::new(0),
             }),
