@@ -48,12 +48,19 @@
 //! - [`Record`] and [`State`]: what a store keeps;
 //! - [`machine`]: the transitions, as pure functions;
 //! - [`Store`], [`StoreError`]: the contract of every backend;
+//! - [`atomic::Primitives`] and [`Driven`]: the atomic operations of a remote store, and the one
+//!   driver that makes them a [`Store`] by calling the machine;
+//! - [`ClockEstimate`]: a remote store's clock, estimated with a bounded error;
 //! - [`OwnerToken`], [`Fence`], [`Lease`]: the identity of one attempt;
 //! - [`Clock`], [`SystemClock`], [`ManualClock`]: store time, injectable for tests;
 //! - [`Deferred`]: a store whose server was down at start, connected on first use.
 
+pub mod atomic;
+pub mod codec;
 mod deferred;
+mod driver;
 mod error;
+mod estimate;
 mod fingerprint;
 mod key;
 pub mod machine;
@@ -64,7 +71,9 @@ mod time;
 mod token;
 
 pub use deferred::Deferred;
+pub use driver::Driven;
 pub use error::{BoxError, RedactedError, Rejection, StoreError};
+pub use estimate::ClockEstimate;
 pub use fingerprint::{Fingerprint, FingerprintBuilder, ParseFingerprintError};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN, RecordKey, Scope};
 pub use record::{Failure, ParseStateError, Record, State};

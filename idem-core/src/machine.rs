@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use crate::atomic::Held;
 use crate::error::{Rejection, StoreError};
 use crate::record::{Failure, Record, State};
 use crate::store::{ClaimOutcome, ClaimRequest, Lease};
@@ -128,6 +129,7 @@ pub fn claim(
                         fence: record.fence,
                         until: record.lease_until,
                         attempt: record.attempt,
+                        held: Held::unknown(),
                     },
                     taken_over: record.attempt > 1,
                 }));
@@ -165,6 +167,7 @@ pub fn claim(
         fence,
         until: lease_until,
         attempt: record.attempt,
+        held: Held::unknown(),
     };
     Ok(Step {
         write: Write::Put(record),

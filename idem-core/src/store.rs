@@ -9,6 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 
+use crate::atomic::Held;
 use crate::error::StoreError;
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, RecordKey, Scope};
@@ -72,6 +73,9 @@ pub struct Lease {
     pub until: Timestamp,
     /// The attempt number (1 for the first; a takeover adds one).
     pub attempt: u32,
+    /// What the store last wrote for this lease, where it keeps that (see [`Held`]): a cache
+    /// that lets the next transition skip a read; never part of the lease's equality.
+    pub held: Held,
 }
 
 impl Lease {

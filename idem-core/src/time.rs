@@ -40,6 +40,12 @@ impl Timestamp {
         Timestamp(self.0.saturating_add(duration_micros(by)))
     }
 
+    /// This timestamp moved back by `by`, saturating at the epoch.
+    #[must_use]
+    pub fn saturating_sub(self, by: Duration) -> Self {
+        Timestamp(self.0.saturating_sub(duration_micros(by)))
+    }
+
     /// How long after `earlier` this timestamp is; zero if it is not after it.
     #[must_use]
     pub fn saturating_since(self, earlier: Timestamp) -> Duration {

@@ -1,10 +1,12 @@
 //! [`PostgresConfig`]: where the store connects and how it behaves.
 
 use std::num::NonZeroUsize;
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::tokio_postgres;
 use idem_core::machine::LeasePolicy;
+use idem_core::{Clock, SystemClock};
 
 /// The longest schema name PostgreSQL keeps (`NAMEDATALEN - 1`).
 const MAX_SCHEMA_LEN: usize = 63;
@@ -57,6 +59,7 @@ pub struct PostgresConfig {
     pub(crate) op_timeout: Duration,
     pub(crate) lease_policy: LeasePolicy,
     pub(crate) migrate: bool,
+    pub(crate) local_clock: Arc<dyn Clock>,
 }
 
 impl PostgresConfig {
@@ -80,6 +83,7 @@ impl PostgresConfig {
             op_timeout: Duration::from_secs(5),
             lease_policy: LeasePolicy::Lenient,
             migrate: true,
+            local_clock: Arc::new(SystemClock),
         })
     }
 
@@ -119,6 +123,15 @@ impl PostgresConfig {
     /// (default: lenient; see [`LeasePolicy`]).
     pub fn with_lease_policy(mut self, policy: LeasePolicy) -> Self {
         self.lease_policy = policy;
+        self
+    }
+
+    /// The local clock the store's estimate of the server's clock runs on (the system's by
+    /// default): a test hook, for handles whose local clocks disagree. The store measures its
+    /// offset to the server's `clock_timestamp()` before its first operation and every 30 s,
+    /// so any local clock gives the same store time within the estimate's bound.
+    pub fn with_local_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.local_clock = clock;
         self
     }
 

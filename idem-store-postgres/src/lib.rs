@@ -58,35 +58,37 @@
 //! A schema already up to date is only read (no lock, no DDL), so a role that may only use
 //! the records connects with migrations on.
 //!
-//! # One statement per transition
+//! # Primitives, and one decision point
 //!
-//! Each transition is ONE statement and one round trip, and applies the state machine of
-//! [`idem_core::machine`]. The claim is an `INSERT ... ON CONFLICT DO NOTHING RETURNING` (a new
-//! key), an `UPDATE ... WHERE` that takes over an expired record or a lapsed lease with the same
-//! fingerprint, and a read of the record when neither wrote, all in one statement: a duplicate
-//! is answered without a write (and without a WAL flush). Only when a concurrent claim created
-//! or took over the record after the statement's snapshot does the claim run the statement
-//! again. The holder's transitions (heartbeat, complete, fail, release) update the row only
-//! `WHERE` owner, fence, state and lease allow it, and return the row as the statement's
-//! snapshot saw it. When a statement wrote, the database checked on the latest row exactly
-//! what the state machine checks; when it did not, the Rust side runs the pure state machine on
-//! the row returned to answer (in flight, completed, mismatch, the exact rejection), and runs
-//! the statement again in the one case where that row is older than the one the database saw
-//! (a concurrent transition of the same key).
+//! The store offers idem-core's atomic primitives ([`idem_core::atomic::Primitives`]), each
+//! ONE statement on one row, and [`idem_core::Driven`] runs the state machine on them: the
+//! statements compare a version and write what the machine decided, and none names a state or
+//! computes an expiry or a fence. Create-if-absent is an `INSERT ... ON CONFLICT DO NOTHING`
+//! that answers the row its statement saw, so a claim is one round trip (a replay, a conflict
+//! and a mismatch are answered from that row without a write, and without a WAL flush); a
+//! takeover adds an `UPDATE ... WHERE version = $v`. Heartbeat, complete, fail and release are
+//! one such compare-and-set against the version the lease carries, without a read first. A
+//! compare-and-set that loses answers the row its snapshot saw, and the machine decides again
+//! from it; a create that found the key taken by a claim committed after its snapshot reads it
+//! once more. Every row carries a `version` raised by each write (migration 2), and a row that
+//! breaks the record invariants is never written over.
 //!
-//! Time is the server's `clock_timestamp()`, never the client's. A record whose `expires_at`
-//! has passed counts as absent. Release, retryable failures and [`Store::delete`] do not
-//! delete the row: they expire it at once (a delete also clears its owner, so its holder is
-//! refused), and the next grant reads `max(previous + 1, now in µs)` under the row's lock. Only
-//! [`PostgresStore::sweep`] (`idem store sweep`) deletes rows, a minute after they expired
-//! (and a delete, a row that breaks the record invariants), and they raise a fence floor
-//! (`<schema>.idem_fence_floor`) that every new row's fence starts above, so fences keep
+//! Time is the server's `clock_timestamp()`, estimated as the local clock plus an offset
+//! measured before the first operation and every 30 s ([`idem_core::ClockEstimate`]: half the
+//! measurement's round trip plus 5 ms, a bound a takeover waits out). A record whose
+//! `expires_at` has passed counts as absent. Release, retryable failures and
+//! [`Store::delete`] do not delete the row: they expire it (as of two bounds back, so every
+//! handle reads the key as free at once), and the next grant reads `max(previous + 1, now in
+//! µs)` from it. Only [`PostgresStore::sweep`] (`idem store sweep`) deletes rows, a minute after
+//! they expired (and a delete, a row that breaks the record invariants), and they raise a fence
+//! floor (`<schema>.idem_fence_floor`) that a new row's fence must be above, so fences keep
 //! rising after a sweep even if the server's clock steps back.
 //!
 //! # In the caller's transaction
 //!
 //! [`PostgresStore::claim_in`], [`PostgresStore::complete_in`], [`PostgresStore::fail_in`]
-//! and [`PostgresStore::release_in`] run the same statements in a transaction of yours: a
+//! and [`PostgresStore::release_in`] run the same driver and statements in a transaction of
+//! yours: a
 //! business write made in it and the completion commit together or not at all, which closes
 //! the window where the side effect is done but the record is not (a crash between the two).
 //! While that transaction is open, other claims of the key wait for it (row lock) instead of
@@ -102,8 +104,9 @@
 //!
 //! # Tests
 //!
-//! [`PostgresStore::advance_clock`] moves the store's clock by an offset added to
-//! `clock_timestamp()`, so lease and retention tests run without sleeping.
+//! [`PostgresStore::advance_clock`] moves the store's clock by an offset added to its estimate
+//! of `clock_timestamp()`, so lease and retention tests run without sleeping.
+//! [`PostgresStore::round_trips`] counts the statements the primitives sent.
 //!
 //! [`StoreError::Unavailable`]: idem_core::StoreError::Unavailable
 //! [`StoreError::Timeout`]: idem_core::StoreError::Timeout
@@ -114,11 +117,11 @@
 
 mod config;
 mod error;
+mod primitives;
 mod row;
 mod schema;
 mod store;
 mod transaction;
-mod transitions;
 
 pub use config::{ConfigError, PostgresConfig};
 pub use schema::MigrationReport;

@@ -24,16 +24,18 @@ pub(crate) fn timestamp(key: &RecordKey, time: SystemTime) -> Result<Timestamp, 
         .map_err(|_| StoreError::corrupt(key, "a timestamp before 1970"))
 }
 
-/// The store clock's value in column [`NOW`].
-pub(crate) fn now(key: &RecordKey, row: &Row) -> Result<Timestamp, StoreError> {
-    timestamp(key, get(key, row, NOW)?)
-}
-
 /// The store clock's value in column [`NOW`], of a row that need not hold a readable record
 /// (the clock is the query's, not the record's).
 pub(crate) fn clock(row: &Row) -> Result<Timestamp, String> {
-    let now: SystemTime = row.try_get(NOW).map_err(|e| format!("column {NOW}: {e}"))?;
-    now.duration_since(UNIX_EPOCH)
+    clock_at(row, NOW)
+}
+
+/// The timestamp in column `index` of `row`.
+pub(crate) fn clock_at(row: &Row, index: usize) -> Result<Timestamp, String> {
+    let at: SystemTime = row
+        .try_get(index)
+        .map_err(|e| format!("column {index}: {e}"))?;
+    at.duration_since(UNIX_EPOCH)
         .map(|d| Timestamp::from_micros(duration_micros(d)))
         .map_err(|_| "the store's clock is before 1970".to_owned())
 }

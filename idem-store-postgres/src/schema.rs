@@ -20,10 +20,11 @@ struct Migration {
 
 /// The embedded migrations, in order. A released migration is never edited: a change is a new
 /// one.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "records table, scan and expiry indexes, fence floor",
-    sql: r#"
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "records table, scan and expiry indexes, fence floor",
+        sql: r#"
 CREATE TABLE {schema}.idem_records (
     scope             text COLLATE "C" NOT NULL,
     key               text COLLATE "C" NOT NULL,
@@ -55,10 +56,20 @@ COMMENT ON TABLE {schema}.idem_fence_floor IS
     'idem: the highest fence of a deleted row; new grants start above it.';
 INSERT INTO {schema}.idem_fence_floor (id, fence) VALUES (true, 0);
 "#,
-}];
+    },
+    Migration {
+        version: 2,
+        description: "a version per row, for compare-and-set",
+        sql: r#"
+ALTER TABLE {schema}.idem_records ADD COLUMN version bigint NOT NULL DEFAULT 0;
+COMMENT ON COLUMN {schema}.idem_records.version IS
+    'idem: raised by every write; a write names the version it read (compare-and-set).';
+"#,
+    },
+];
 
 /// The newest schema version this build knows.
-pub(crate) const LATEST_VERSION: i32 = 1;
+pub(crate) const LATEST_VERSION: i32 = 2;
 
 /// What [`crate::migrate`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -226,7 +237,8 @@ fn columns(t: &str, light: bool) -> String {
 }
 
 /// The record invariants of `idem_core::Record::validate`, plus decodability, on alias `t`: a
-/// row that breaks them is never written over, and the decoder reports it as corrupt.
+/// row that breaks them is never written over (a compare-and-set against it loses, and the
+/// reader reports it as corrupt).
 fn valid(t: &str) -> String {
     format!(
         "(({t}.state = 'in_flight' AND {t}.result IS NULL AND {t}.failure_message IS NULL \
@@ -242,9 +254,6 @@ fn valid(t: &str) -> String {
 fn micros(param: &str) -> String {
     format!("({param}::bigint * interval '1 microsecond')")
 }
-
-/// The owner of a deleted record's row: no holder has it.
-const NO_OWNER: &str = "00000000-0000-0000-0000-000000000000";
 
 /// How long a row stays after it expired before a sweep deletes it. A deleted row's fence
 /// reaches later grants only through the fence floor, which a claim reads from its statement's
@@ -262,23 +271,26 @@ fn clock(param: &str) -> String {
     )
 }
 
-/// The SQL of every operation on one schema.
+/// The SQL of every operation on one schema. The primitives ($1 scope, $2 key every time)
+/// compare a version and write what idem-core's machine decided; none names a state or
+/// computes an expiry or a fence.
 #[derive(Clone, Debug)]
 pub(crate) struct Statements {
-    /// $1 scope, $2 key, $3 fingerprint, $4 owner, $5 lease µs, $6 clock offset µs.
-    pub(crate) claim: String,
-    /// $1 scope, $2 key, $3 owner, $4 fence, $5 clock offset µs, $6 strict, $7 extend µs.
-    pub(crate) heartbeat: String,
-    /// ... $7 retention µs, $8 result.
-    pub(crate) complete: String,
-    /// ... $7 retention µs, $8 retryable, $9 message.
-    pub(crate) fail: String,
-    /// $1 scope, $2 key, $3 owner, $4 fence, $5 clock offset µs, $6 strict (always false).
-    pub(crate) release: String,
-    /// $1 scope, $2 key, $3 clock offset µs.
-    pub(crate) get: String,
-    /// $1 scope, $2 key, $3 clock offset µs.
-    pub(crate) delete: String,
+    /// The record columns, then its version (column 12).
+    pub(crate) read: String,
+    /// $3..$14 the record columns; inserts if the key is absent and $6 (the fence) is above
+    /// the fence floor. Answers the columns of the row the statement's snapshot saw (NULL: none),
+    /// its version, whether it inserted (column 13) and the floor (column 14).
+    pub(crate) create: String,
+    /// $3..$14 the record columns, $15 the version read. Answers the columns and version of the
+    /// row the snapshot saw, then the new version if it wrote (column 13).
+    pub(crate) swap: String,
+    /// $3 the time from which the row counts as absent (its fence stays), $4 the version read.
+    /// Writes only over a row that keeps the record invariants.
+    /// Answers as `swap`.
+    pub(crate) bury: String,
+    /// Deletes the row whatever it holds, its fence raising the floor; answers how many rows.
+    pub(crate) remove: String,
     /// $1 clock offset µs, $2 state or NULL, $3 min age µs or NULL, $4 cursor created µs,
     /// $5 cursor scope, $6 cursor key, $7 limit.
     pub(crate) scan: String,
@@ -286,119 +298,69 @@ pub(crate) struct Statements {
     pub(crate) sweep: String,
 }
 
+/// The record columns as parameters $3 to $14, in [`COLUMNS`] order.
+const VALUES: &str = "$3::text, $4::bytea, $5::text::uuid, $6::bigint, $7::timestamptz, \
+    $8::integer, $9::timestamptz, $10::timestamptz, $11::timestamptz, $12::bytea, $13::text, \
+    $14::boolean";
+
 impl Statements {
     pub(crate) fn new(schema: &str) -> Self {
         let schema = quote(schema);
         let table = format!("{schema}.idem_records");
         let floor = format!("{schema}.idem_fence_floor");
-        let claim = format!(
-            "WITH {clock},
-ins AS (
-    INSERT INTO {table} AS t (scope, key, state, fingerprint, owner, fence, lease_until, attempt,
-                              created_at, completed_at, expires_at, result, failure_message,
-                              failure_retryable)
-    SELECT $1::text, $2::text, 'in_flight', $3::bytea, $4::text::uuid,
-           greatest({now_micros}, (SELECT f.fence FROM {floor} f) + 1, 1),
-           c.now + {lease}, 1, c.now, NULL, c.now + 2 * {lease}, NULL, NULL, NULL
-    FROM c
-    ON CONFLICT (scope, key) DO NOTHING
-    RETURNING {cols_t}
-),
-upd AS (
-    UPDATE {table} t SET
-        state = 'in_flight', fingerprint = $3::bytea, owner = $4::text::uuid,
-        fence = greatest(t.fence + 1, {now_micros}),
-        lease_until = c.now + {lease},
-        attempt = CASE WHEN t.expires_at > c.now THEN t.attempt + 1 ELSE 1 END,
-        created_at = CASE WHEN t.expires_at > c.now THEN t.created_at ELSE c.now END,
-        completed_at = NULL, expires_at = c.now + 2 * {lease}, result = NULL,
-        failure_message = NULL, failure_retryable = NULL
-    FROM c
-    WHERE t.scope = $1 AND t.key = $2 AND {valid_t}
-      AND (t.expires_at <= c.now
-           OR (t.fingerprint = $3::bytea AND t.state = 'in_flight' AND t.lease_until <= c.now))
-    RETURNING {cols_t}
-)
-SELECT ins.*, (SELECT c.now FROM c), true FROM ins
-UNION ALL
-SELECT upd.*, (SELECT c.now FROM c), true FROM upd
-UNION ALL
-SELECT {cols_t}, c.now, false FROM {table} t, c
-WHERE t.scope = $1 AND t.key = $2
-  AND NOT EXISTS (SELECT 1 FROM ins) AND NOT EXISTS (SELECT 1 FROM upd)",
-            clock = clock("$6"),
-            lease = micros("$5"),
-            now_micros = "(extract(epoch FROM c.now) * 1000000)::bigint",
-            valid_t = valid("t"),
-            cols_t = columns("t", false),
-        );
-        // The update writes only if the holder still holds the record; the read returns the
-        // row as the statement's snapshot saw it, for the answer when nothing was written.
-        let holder = |set: &str| {
+        let cols_t = columns("t", false);
+        let names = COLUMNS.join(", ");
+        let read =
+            format!("SELECT {cols_t}, t.version FROM {table} t WHERE t.scope = $1 AND t.key = $2");
+        let seen = |written: &str| {
             format!(
-                "WITH {clock},
-upd AS (
-    UPDATE {table} t SET {set}
-    FROM c
-    WHERE t.scope = $1 AND t.key = $2 AND {valid_t} AND t.expires_at > c.now
-      AND t.owner = $3::text::uuid AND t.fence = $4 AND t.state = 'in_flight'
-      AND (NOT $6::boolean OR t.lease_until > c.now)
-    RETURNING t.lease_until
-)
-SELECT {cols_t}, c.now, (SELECT upd.lease_until FROM upd)
-FROM c LEFT JOIN {table} t ON t.scope = $1 AND t.key = $2",
-                clock = clock("$5"),
-                valid_t = valid("t"),
-                cols_t = columns("t", true),
+                "SELECT {cols_t}, t.version, {written}
+FROM (SELECT 1) one LEFT JOIN {table} t ON t.scope = $1 AND t.key = $2"
             )
         };
-        let extend = micros("$7");
-        let heartbeat = holder(&format!(
-            "lease_until = greatest(c.now + {extend}, t.lease_until),
-     expires_at = greatest(c.now + {extend}, t.lease_until) + {extend}"
-        ));
-        let retention = micros("$7");
-        let complete = holder(&format!(
-            "state = 'completed', completed_at = c.now, expires_at = c.now + {retention},
-     result = $8::bytea"
-        ));
-        let fail = holder(&format!(
-            "state = CASE WHEN $8::boolean THEN t.state ELSE 'failed' END,
-     completed_at = CASE WHEN $8::boolean THEN NULL ELSE c.now END,
-     expires_at = CASE WHEN $8::boolean THEN c.now ELSE c.now + {retention} END,
-     failure_message = CASE WHEN $8::boolean THEN NULL ELSE $9::text END,
-     failure_retryable = CASE WHEN $8::boolean THEN NULL ELSE false END"
-        ));
-        let release = holder("expires_at = c.now");
-        let get = format!(
-            "WITH {clock}
-SELECT {cols_t}, c.now FROM c JOIN {table} t ON t.scope = $1 AND t.key = $2",
-            clock = clock("$3"),
-            cols_t = columns("t", false),
+        let create = format!(
+            "WITH ins AS (
+    INSERT INTO {table} (scope, key, {names}, version)
+    SELECT $1::text, $2::text, {VALUES}, 0
+    WHERE $6::bigint > (SELECT f.fence FROM {floor} f)
+    ON CONFLICT (scope, key) DO NOTHING
+    RETURNING 1
+)
+{}",
+            seen(&format!(
+                "EXISTS (SELECT 1 FROM ins), (SELECT f.fence FROM {floor} f)"
+            ))
         );
-        // A live record is not deleted but expired, with its owner cleared (so its holder's
-        // late writes are refused): the row keeps its fence, and the next claim goes through
-        // the claim's `upd`, which reads the fence under the row's lock. A deleted row's fence
-        // reaches the next grant only through the floor, which a claim reads from its
-        // statement's snapshot: a claim that started before a delete committed would miss it.
-        // A row that breaks the record invariants is deleted outright (an operator clearing a
-        // corrupt record), its fence raising the floor.
-        let delete = format!(
-            "WITH {clock},
-tomb AS (UPDATE {table} t SET expires_at = c.now, owner = '{NO_OWNER}'::uuid
-         FROM c
-         WHERE t.scope = $1 AND t.key = $2 AND {valid_t} AND t.expires_at > c.now
-         RETURNING t.fence),
-d AS (DELETE FROM {table} t
-      WHERE t.scope = $1 AND t.key = $2 AND NOT coalesce({valid_t}, false)
-      RETURNING t.fence, t.expires_at),
+        let set = COLUMNS
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let value = VALUES.split(", ").nth(i).unwrap_or("NULL");
+                format!("{c} = {value}")
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        // A compare-and-set: `set` the row if it is still at the version in `$version` and
+        // keeps the record invariants; answer the row the statement saw and the new version.
+        let compare_and_set = |set: &str, version: &str| {
+            format!(
+                "WITH upd AS (
+    UPDATE {table} t SET {set}, version = t.version + 1
+    WHERE t.scope = $1 AND t.key = $2 AND t.version = {version}::bigint AND {valid_t}
+    RETURNING t.version
+)
+{}",
+                seen("(SELECT upd.version FROM upd)"),
+                valid_t = valid("t"),
+            )
+        };
+        let swap = compare_and_set(&set, "$15");
+        let bury = compare_and_set("expires_at = $3::timestamptz", "$4");
+        let remove = format!(
+            "WITH d AS (DELETE FROM {table} t WHERE t.scope = $1 AND t.key = $2 RETURNING t.fence),
 f AS (UPDATE {floor} SET fence = greatest(fence, (SELECT max(d.fence) FROM d))
       WHERE EXISTS (SELECT 1 FROM d))
-SELECT EXISTS (SELECT 1 FROM tomb)
-    OR coalesce((SELECT bool_or(d.expires_at > c.now) FROM d), false)
-FROM c",
-            clock = clock("$3"),
-            valid_t = valid("t"),
+SELECT count(*) FROM d"
         );
         let scan = format!(
             "WITH {clock}
@@ -430,13 +392,11 @@ SELECT count(*) FROM d",
             grace = format!("interval '{} seconds'", SWEEP_GRACE.as_secs()),
         );
         Statements {
-            claim,
-            heartbeat,
-            complete,
-            fail,
-            release,
-            get,
-            delete,
+            read,
+            create,
+            swap,
+            bury,
+            remove,
             scan,
             sweep,
         }

@@ -1,10 +1,10 @@
-//! [`PostgresStore`]: the [`Store`] on PostgreSQL: its pool, its migrations and its clock; the
-//! transitions are in `transitions.rs`, the functions that run in the caller's transaction in
-//! `transaction.rs`.
+//! [`PostgresStore`]: the [`Store`] on PostgreSQL: its pool, its migrations and its clock;
+//! the transitions are idem-core's driver on the primitives of `primitives.rs`, the functions
+//! that run in the caller's transaction in `transaction.rs`.
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,12 +13,13 @@ use deadpool_postgres::tokio_postgres::{NoTls, Row};
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use idem_core::machine::LeasePolicy;
 use idem_core::{
-    Bytes, ClaimOutcome, ClaimRequest, Failure, Lease, Record, RecordKey, ScanPage, ScanQuery,
-    Store, StoreError, duration_micros,
+    Bytes, ClaimOutcome, ClaimRequest, ClockEstimate, Driven, Failure, Lease, Record, RecordKey,
+    ScanPage, ScanQuery, Store, StoreError, Timestamp, duration_micros,
 };
 
 use crate::config::PostgresConfig;
 use crate::error::{from_pg, from_pool, protocol};
+use crate::primitives::PgPrimitives;
 use crate::row;
 use crate::schema::{self, MigrationReport, Statements};
 
@@ -46,6 +47,13 @@ pub(crate) struct Inner {
     pub(crate) policy: LeasePolicy,
     /// Microseconds added to the server's clock: the test hook of [`PostgresStore::advance_clock`].
     offset: AtomicI64,
+    /// The server's clock, estimated (see [`ClockEstimate`]).
+    pub(crate) clock: ClockEstimate,
+    /// Whether the estimate was measured once (a store built while the server was down
+    /// measures before its first operation).
+    measured: AtomicBool,
+    /// The statements the primitives sent: what the round-trip clauses count.
+    round_trips: AtomicU64,
 }
 
 /// Applies the embedded migrations to the configured schema (creating it if needed) and
@@ -120,7 +128,7 @@ impl PostgresStore {
                 .map_err(|e| from_pool("migrate", config.op_timeout, e))?;
             schema::migrate(&mut client, &config.schema, config.op_timeout).await?;
         }
-        Ok(PostgresStore {
+        let store = PostgresStore {
             inner: Arc::new(Inner {
                 sql: Statements::new(&config.schema),
                 schema: config.schema,
@@ -128,7 +136,72 @@ impl PostgresStore {
                 op_timeout: config.op_timeout,
                 policy: config.lease_policy,
                 offset: AtomicI64::new(0),
+                clock: ClockEstimate::new(config.local_clock.clone()),
+                measured: AtomicBool::new(false),
+                round_trips: AtomicU64::new(0),
             }),
+        };
+        // A server that is down now is measured before the first operation instead.
+        let _ = store.ensure_clock().await;
+        tokio::spawn(refresh_clock(Arc::downgrade(&store.inner)));
+        Ok(store)
+    }
+
+    /// Measures the server's clock unless that was done: every operation waits for it, so
+    /// none decides on the local clock alone.
+    pub(crate) async fn ensure_clock(&self) -> Result<(), StoreError> {
+        if self.inner.measured.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.measure_clock().await
+    }
+
+    /// Reads the server's `clock_timestamp()` into the store's clock estimate.
+    async fn measure_clock(&self) -> Result<(), StoreError> {
+        self.on_pooled("clock", async |client| {
+            let sent = self.inner.clock.local_now();
+            let row = query_one(client, "clock", "SELECT clock_timestamp()", &[]).await?;
+            let received = self.inner.clock.local_now();
+            let server = row::clock_at(&row, 0).map_err(protocol)?;
+            self.inner.clock.measured(sent, server, received);
+            self.inner.measured.store(true, Ordering::SeqCst);
+            Ok(())
+        })
+        .await
+    }
+
+    /// The store's time: the estimate of the server's clock plus the test offset.
+    pub(crate) fn now(&self) -> Timestamp {
+        let now = self.inner.clock.now().as_micros();
+        Timestamp::from_micros(now.saturating_add_signed(self.offset()))
+    }
+
+    /// How many statements this store (and its clones) sent for its transitions, `get` and
+    /// `delete`: one per round trip. The conformance suite counts a transition's round trips
+    /// with it.
+    #[must_use]
+    pub fn round_trips(&self) -> u64 {
+        self.inner.round_trips.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_round_trip(&self) {
+        self.inner.round_trips.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The error bound of the store's clock estimate (see [`ClockEstimate`]).
+    #[must_use]
+    pub fn clock_bound(&self) -> Duration {
+        self.inner.clock.bound()
+    }
+
+    /// idem-core's driver on the primitives over `client`.
+    pub(crate) fn driven<'a, C: GenericClient + Sync>(
+        &'a self,
+        client: &'a C,
+    ) -> Driven<PgPrimitives<'a, C>> {
+        Driven::new(PgPrimitives {
+            store: self,
+            client,
         })
     }
 
@@ -202,8 +275,19 @@ impl PostgresStore {
             .unwrap_or(Err(StoreError::Timeout { op, after }))
     }
 
-    /// Runs `f` on a pooled connection, within the operation timeout.
+    /// Runs `f` on a pooled connection, within the operation timeout (after measuring the
+    /// server's clock, the first time).
     pub(crate) async fn with_client<T>(
+        &self,
+        op: &'static str,
+        f: impl AsyncFnOnce(&deadpool_postgres::Client) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.ensure_clock().await?;
+        self.on_pooled(op, f).await
+    }
+
+    /// Runs `f` on a pooled connection, within the operation timeout.
+    async fn on_pooled<T>(
         &self,
         op: &'static str,
         f: impl AsyncFnOnce(&deadpool_postgres::Client) -> Result<T, StoreError>,
@@ -247,16 +331,30 @@ fn decode_cursor(cursor: &str) -> Option<(i64, String, String)> {
     Some((created.parse().ok()?, scope.to_owned(), key.to_owned()))
 }
 
+/// Measures the clock again every [`ClockEstimate::REFRESH`] while the store lives; a failed
+/// measurement keeps the last one.
+async fn refresh_clock(inner: std::sync::Weak<Inner>) {
+    loop {
+        tokio::time::sleep(ClockEstimate::REFRESH).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let _ = PostgresStore { inner }.measure_clock().await;
+    }
+}
+
 #[async_trait]
 impl Store for PostgresStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.with_client("claim", async |client| self.claim_on(client, request).await)
-            .await
+        self.with_client("claim", async |client| {
+            self.driven(client).claim(request).await
+        })
+        .await
     }
 
     async fn heartbeat(&self, lease: &Lease, extend: Duration) -> Result<Lease, StoreError> {
         self.with_client("heartbeat", async |client| {
-            self.heartbeat_on(client, lease, extend).await
+            self.driven(client).heartbeat(lease, extend).await
         })
         .await
     }
@@ -268,7 +366,7 @@ impl Store for PostgresStore {
         retention: Duration,
     ) -> Result<(), StoreError> {
         self.with_client("complete", async |client| {
-            self.complete_on(client, lease, result, retention).await
+            self.driven(client).complete(lease, result, retention).await
         })
         .await
     }
@@ -280,54 +378,43 @@ impl Store for PostgresStore {
         retention: Duration,
     ) -> Result<(), StoreError> {
         self.with_client("fail", async |client| {
-            self.fail_on(client, lease, failure, retention).await
+            self.driven(client).fail(lease, failure, retention).await
         })
         .await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         self.with_client("release", async |client| {
-            self.release_on(client, lease).await
+            self.driven(client).release(lease).await
         })
         .await
     }
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
-        self.with_client("get", async |client| {
-            let fail = |e| from_pg("get", Duration::ZERO, e);
-            let statement = client
-                .prepare_cached(&self.inner.sql.get)
-                .await
-                .map_err(fail)?;
-            let row = client
-                .query_opt(
-                    &statement,
-                    &[&key.scope.as_str(), &key.key.as_str(), &self.offset()],
-                )
-                .await
-                .map_err(fail)?;
-            let Some(row) = row else { return Ok(None) };
-            let now = row::now(key, &row)?;
-            Ok(row::record(key, &row)?.filter(|r| !r.is_expired(now)))
-        })
-        .await
+        self.with_client("get", async |client| self.driven(client).get(key).await)
+            .await
     }
 
     async fn delete(&self, key: &RecordKey) -> Result<bool, StoreError> {
         self.with_client("delete", async |client| {
-            let row = query_one(
-                client,
-                "delete",
-                &self.inner.sql.delete,
-                &[&key.scope.as_str(), &key.key.as_str(), &self.offset()],
-            )
-            .await?;
-            row.try_get(0).map_err(|e| protocol(e.to_string()))
+            self.driven(client).delete(key).await
         })
         .await
     }
 
     async fn scan(&self, query: &ScanQuery) -> Result<ScanPage, StoreError> {
+        self.with_client("scan", async |client| self.scan_on(client, query).await)
+            .await
+    }
+}
+
+impl PostgresStore {
+    /// A page of `query` read on `client`.
+    pub(crate) async fn scan_on<C: GenericClient>(
+        &self,
+        client: &C,
+        query: &ScanQuery,
+    ) -> Result<ScanPage, StoreError> {
         let (created, scope, name) = match &query.cursor {
             Some(cursor) => {
                 decode_cursor(cursor).ok_or_else(|| StoreError::invalid_cursor(cursor))?
@@ -338,30 +425,26 @@ impl Store for PostgresStore {
         let state = query.state.map(|s| s.as_str());
         let min_age = query.min_age.map(micros);
         let fetch = i64::try_from(limit).unwrap_or(i64::MAX).saturating_add(1);
-        let rows = self
-            .with_client("scan", async |client| {
-                let fail = |e| from_pg("scan", Duration::ZERO, e);
-                let statement = client
-                    .prepare_cached(&self.inner.sql.scan)
-                    .await
-                    .map_err(fail)?;
-                client
-                    .query(
-                        &statement,
-                        &[
-                            &self.offset(),
-                            &state,
-                            &min_age,
-                            &created,
-                            &scope,
-                            &name,
-                            &fetch,
-                        ],
-                    )
-                    .await
-                    .map_err(fail)
-            })
-            .await?;
+        let fail = |e| from_pg("scan", Duration::ZERO, e);
+        let statement = client
+            .prepare_cached(&self.inner.sql.scan)
+            .await
+            .map_err(fail)?;
+        let rows = client
+            .query(
+                &statement,
+                &[
+                    &self.offset(),
+                    &state,
+                    &min_age,
+                    &created,
+                    &scope,
+                    &name,
+                    &fetch,
+                ],
+            )
+            .await
+            .map_err(fail)?;
         let mut page = ScanPage::default();
         for row in rows.iter().take(limit) {
             let scope: &str = row

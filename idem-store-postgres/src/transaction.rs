@@ -4,10 +4,7 @@
 use std::time::Duration;
 
 use deadpool_postgres::Transaction;
-use idem_core::{Bytes, ClaimOutcome, ClaimRequest, Failure, Lease, StoreError};
-
-#[cfg(doc)]
-use idem_core::Store;
+use idem_core::{Bytes, ClaimOutcome, ClaimRequest, Failure, Lease, Store, StoreError};
 
 use crate::error::from_pg;
 use crate::store::PostgresStore;
@@ -27,7 +24,8 @@ impl PostgresStore {
         tx: &Transaction<'_>,
         request: &ClaimRequest,
     ) -> Result<ClaimOutcome, StoreError> {
-        self.timed("claim", self.claim_on(tx, request)).await
+        self.ensure_clock().await?;
+        self.timed("claim", self.driven(tx).claim(request)).await
     }
 
     /// Commits `tx`, the caller's transaction that [`PostgresStore::claim_in`] and its siblings
@@ -58,8 +56,12 @@ impl PostgresStore {
         result: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        self.timed("complete", self.complete_on(tx, lease, result, retention))
-            .await
+        self.ensure_clock().await?;
+        self.timed(
+            "complete",
+            self.driven(tx).complete(lease, result, retention),
+        )
+        .await
     }
 
     /// [`Store::fail`] inside the caller's transaction.
@@ -73,7 +75,8 @@ impl PostgresStore {
         failure: Failure,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        self.timed("fail", self.fail_on(tx, lease, failure, retention))
+        self.ensure_clock().await?;
+        self.timed("fail", self.driven(tx).fail(lease, failure, retention))
             .await
     }
 
@@ -82,6 +85,7 @@ impl PostgresStore {
     /// # Errors
     /// As [`Store::release`].
     pub async fn release_in(&self, tx: &Transaction<'_>, lease: &Lease) -> Result<(), StoreError> {
-        self.timed("release", self.release_on(tx, lease)).await
+        self.ensure_clock().await?;
+        self.timed("release", self.driven(tx).release(lease)).await
     }
 }

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use idem_core::duration_micros;
 use idem_core::machine::LeasePolicy;
+use idem_core::{Clock, SystemClock, duration_micros};
 
 use crate::layout;
 
@@ -53,11 +53,11 @@ pub(crate) enum Nodes {
     Cluster(Vec<String>),
 }
 
-/// An offset added to the server's clock, shared by every clone: a test hook that moves store
+/// An offset added to the store's clock, shared by every clone: a test hook that moves store
 /// time forward without sleeping (a conformance harness "advances the clock" with it).
 ///
-/// Production code never needs it: the default offset is zero, and the store always reads the
-/// time from the server (`TIME`), never from the client.
+/// Production code never needs it: the default offset is zero, and store time is the server's
+/// (`TIME`), estimated with a bounded error, never the client's own clock.
 ///
 /// ```
 /// use std::time::Duration;
@@ -153,6 +153,7 @@ pub struct RedisConfig {
     pub(crate) lease_policy: LeasePolicy,
     pub(crate) fence_memory: Duration,
     pub(crate) clock_offset: ClockOffset,
+    pub(crate) local_clock: Arc<dyn Clock>,
     pub(crate) tls_root: Option<Vec<u8>>,
 }
 
@@ -241,6 +242,7 @@ impl RedisConfig {
             lease_policy: LeasePolicy::Lenient,
             fence_memory: Duration::from_secs(60),
             clock_offset: ClockOffset::new(),
+            local_clock: Arc::new(SystemClock),
             tls_root: None,
         }
     }
@@ -351,6 +353,15 @@ impl RedisConfig {
     /// A [`ClockOffset`] added to the server's time: a test hook (see its docs).
     pub fn with_clock_offset(mut self, offset: ClockOffset) -> Self {
         self.clock_offset = offset;
+        self
+    }
+
+    /// The local clock the store's estimate of the server's clock runs on (the system's by
+    /// default): a test hook, for handles whose local clocks disagree. The store measures its
+    /// offset to the server's `TIME` at connect and every 30 s, so any local clock gives the
+    /// same store time within the estimate's bound.
+    pub fn with_local_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.local_clock = clock;
         self
     }
 

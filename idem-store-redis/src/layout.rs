@@ -1,6 +1,6 @@
-//! Where a record lives in Redis, and how its result is cut into hash fields.
+//! Where a record lives in Redis.
 //!
-//! One HASH per record at `idem:{<namespace>:<scope>:<digest>}`:
+//! One value per record at `idem:{<namespace>:<scope>:<digest>}`:
 //! - `<namespace>` is the configured namespace (letters, digits, `_`, `-`, `.`);
 //! - `<scope>` is the record's scope, percent-escaped (every byte outside `A-Za-z0-9_.-`
 //!   becomes `%XX`), empty for no scope;
@@ -8,16 +8,16 @@
 //!   in 14 characters of base64url.
 //!
 //! Raw client input never appears in a Redis key, and the hash tag (the part in braces) holds
-//! the whole record identity, so Redis Cluster keeps a record on one node and every script
+//! the whole record identity, so Redis Cluster keeps a record on one node and every command
 //! touches exactly one slot.
 //!
 //! Why 84 bits: Redis allocates a key of up to 30 bytes in 32 bytes and one of 31 to 44 bytes
-//! in 48, and a completed record with a 200-byte result stays at 456 bytes only with the
+//! in 48, and a completed record with a 200-byte result stays at 392 bytes only with the
 //! smaller key (see the README). With 14 digest characters, `idem:{default::<digest>}` is 30
 //! bytes. Two keys of one namespace share a digest with a probability of about n^2 / 2^85 for
 //! n live records (3e-10 for a hundred million); and a shared digest is never a wrong answer:
-//! the record keeps its key and scope, and every script that reads a record for a key checks
-//! them (a collision is reported as `Corrupt`).
+//! the record keeps its key and scope, and every read of a record for a key checks them (a
+//! collision is reported as `Corrupt`).
 
 use idem_core::RecordKey;
 
@@ -26,16 +26,6 @@ pub(crate) const PREFIX: &str = "idem:{";
 
 /// Base64url characters of the key digest kept in the Redis key (84 bits).
 pub(crate) const DIGEST_CHARS: usize = 14;
-
-/// The longest result piece that keeps a hash in Redis's compact listpack encoding (the default
-/// `hash-max-listpack-value` is 64 bytes; a string of 63 bytes or less also takes a one-byte
-/// length header).
-pub(crate) const PIECE_BYTES: usize = 63;
-
-/// The most pieces a result is cut into. A longer (stored) result is kept in one field: the
-/// hash leaves listpack encoding anyway (`hash-max-listpack-entries` defaults to 128 entries),
-/// and one large field costs less than many small ones.
-pub(crate) const MAX_PIECES: usize = 32;
 
 /// The Redis key of `key` in `namespace`.
 pub(crate) fn redis_key(namespace: &str, key: &RecordKey) -> String {
@@ -98,24 +88,6 @@ fn escape_into(out: &mut String, bytes: &[u8]) {
             out.push(char::from(HEX[usize::from(b & 0x0f)]));
         }
     }
-}
-
-/// The field names of the result's pieces.
-pub(crate) const PIECE_NAMES: [&str; MAX_PIECES] = [
-    "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
-    "17", "18", "19", "20", "21", "22", "23", "24", "25", "26", "27", "28", "29", "30", "31",
-];
-
-/// Cuts a stored result into the hash fields `0`, `1`, ...: pieces of [`PIECE_BYTES`] while
-/// that takes at most [`MAX_PIECES`], else one piece. An empty result is one empty piece.
-pub(crate) fn pieces(stored: &[u8]) -> Vec<&[u8]> {
-    if stored.is_empty() {
-        return vec![stored];
-    }
-    if stored.len() > PIECE_BYTES * MAX_PIECES {
-        return vec![stored];
-    }
-    stored.chunks(PIECE_BYTES).collect()
 }
 
 #[cfg(test)]
@@ -202,25 +174,5 @@ mod tests {
         assert!(!valid_namespace("a:b"));
         assert!(!valid_namespace("a}b"));
         assert!(!valid_namespace(&"a".repeat(65)));
-    }
-
-    #[test]
-    fn results_are_cut_into_small_pieces_up_to_a_limit() {
-        assert!(
-            PIECE_NAMES
-                .iter()
-                .enumerate()
-                .all(|(i, name)| *name == i.to_string())
-        );
-        assert_eq!(pieces(b""), vec![&b""[..]]);
-        let small = vec![7u8; 200];
-        let cut = pieces(&small);
-        assert_eq!(cut.len(), 4);
-        assert!(cut.iter().all(|p| p.len() <= PIECE_BYTES));
-        assert_eq!(cut.concat(), small);
-        let big = vec![1u8; PIECE_BYTES * MAX_PIECES + 1];
-        assert_eq!(pieces(&big).len(), 1);
-        let edge = vec![1u8; PIECE_BYTES * MAX_PIECES];
-        assert_eq!(pieces(&edge).len(), MAX_PIECES);
     }
 }

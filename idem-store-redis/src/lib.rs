@@ -1,5 +1,6 @@
-//! The Redis store of idem, for a single Redis node and for Redis Cluster: every transition of
-//! the record state machine is one Lua script, run atomically by the server in one round trip.
+//! The Redis store of idem, for a single Redis node and for Redis Cluster: Redis offers atomic
+//! primitives, one plain command each, and idem-core's state machine decides every transition
+//! ([`idem_core::Driven`] on [`idem_core::atomic::Primitives`]).
 //!
 //! In `Cargo.toml`:
 //!
@@ -37,42 +38,37 @@
 //! ```
 //!
 //! # Layout
-//! One HASH per record at `idem:{<namespace>:<scope>:<digest>}`: the scope percent-escaped,
+//! One STRING per record at `idem:{<namespace>:<scope>:<digest>}`: the scope percent-escaped,
 //! the key as 84 bits of its SHA-256 in 14 base64url characters (raw client input is never part
 //! of a Redis key). The braces are a Cluster hash tag around the whole identity: a record lives
-//! on one node, and every script touches one slot (no `CROSSSLOT`). The fields are one letter
-//! each: `m` the meta (state, result codec, attempt, fence, and created, lease-end and expiry
-//! times in microseconds, then the 16-byte owner token, then a settled record's completion
-//! time, packed big-endian: 50 bytes in flight, 57 settled), `p` the fingerprint (32 bytes),
-//! `k`/`g` the key and scope as given, `e` a failure message; the result is cut into pieces of
-//! at most 63 bytes (fields `0`, `1`, ...) while it is at most 2 KiB, so a small record keeps
-//! Redis's compact listpack encoding. A settled record keeps the owner and the lease of the
-//! attempt that settled it: `get` answers what [`idem_core::machine`] leaves, as every store
-//! does. Results over the compression threshold (1 KiB by default) are lz4-compressed when that
-//! makes them smaller, and flagged in the meta.
+//! on one node, and every command touches one slot (no `CROSSSLOT`). The value (see the
+//! README's "Record layout") is a layout version byte, then a tombstone (the last fence) or a
+//! record: its key, and idem-core's binary record format ([`idem_core::codec`]), its result
+//! lz4-compressed over the compression threshold (1 KiB by default) when that makes it smaller.
 //!
-//! # Scripts and time
-//! Claim, heartbeat, complete, fail and release are one `EVALSHA` each (the scripts are loaded
-//! at connect and reloaded on `NOSCRIPT`); `get` and `delete` are scripts too, so they judge
-//! expiry on the server's clock. Inside Redis a claim or a completion runs four commands
-//! (`TIME`, one read, one `HSET`, one `PEXPIRE`). Every script reads the time with `TIME` on
-//! the server, never from the client, and implements exactly the transitions of
-//! [`idem_core::machine`]: a fingerprint mismatch first, a lapsed lease taken over with a higher
-//! fence, the owner and fence checked on every holder's step, a re-sent complete answered `Ok`, a
-//! retryable failure freeing the key, a permanent one kept. Every script is safe to re-send
-//! (the Cluster client retries after a dropped connection): the same owner and fence get the
-//! same answer, and a re-sent claim whose first copy was applied gets the same grant back.
+//! # Commands and time
+//! A claim is one `SET key value NX GET PX ttl`: it creates the in-flight record on an absent
+//! key, or hands back what is there (a replay, a conflict, a mismatch: answered from it). A
+//! takeover (of a lapsed lease, an expired record still present, a tombstone) adds one
+//! compare-and-set. Heartbeat, complete, fail and release are one compare-and-set each, against
+//! the version the lease carries ([`idem_core::atomic::Held`]), without a read first; `get` is
+//! one `GET`. Compare-and-set is a five-line script (compare the whole value, then `SET ...
+//! PX`) or, on a server that has it (Redis 8.4, Valkey 8.1), `SET ... IFEQ`; it names no state
+//! and computes no expiry or fence, and a lost one is decided again from the value that won.
+//! Every command is safe to re-send.
 //!
-//! Fences are `max(previous + 1, server time in microseconds)`. A key whose record is released,
-//! failed with a retryable failure, deleted or expired keeps a tombstone with its last fence for
-//! the *fence memory* (60 s by default), so a new grant's fence is higher even when the server
-//! clock has not moved between the two scripts or stepped back.
+//! Store time is the server's `TIME`, estimated as the local clock plus an offset measured at
+//! connect and every 30 s ([`idem_core::ClockEstimate`], whose error bound a claim waits out
+//! before it takes over a lapsed lease), so every handle of a key decides on one clock.
 //!
-//! Retention is the key's TTL: a record's key expires one fence memory after the record does.
+//! Fences are `max(previous + 1, store time in microseconds)`. A key whose record is released,
+//! failed with a retryable failure or deleted keeps a tombstone with its last fence for the
+//! *fence memory* (60 s by default), and a record's key expires one fence memory after the
+//! record does, so a new grant's fence is higher even when the clock has not moved.
 //!
 //! # Scans
 //! [`Store::scan`] walks `SCAN` over the namespace (every primary of a Cluster in turn) and
-//! reads each batch's records in one pipeline. A page that ends in the middle of a batch carries
+//! reads each batch's records in one pipeline of `GET`s. A page that ends in the middle of a batch carries
 //! the rest of it in its cursor, so no `SCAN` cursor is sent twice: a record present for the
 //! whole scan is returned, and only once unless `SCAN` itself repeats it (which Redis allows
 //! when the keyspace shrinks while you page).
@@ -83,7 +79,7 @@
 //! value works again once the server is back. An operation that finds its connection already
 //! dead (the server restarted since the last operation) reconnects and is sent once more,
 //! within the same command timeout, so the first operations after a restart succeed; every
-//! script is safe to re-send (a claim carries its owner, so a re-sent claim is answered the
+//! command is safe to re-send (a claim carries its owner, so a re-sent claim is answered the
 //! same grant). On a Cluster the same holds after the whole Cluster restarted (the client's own
 //! retries are spent on the other nodes' dead connections) and after one node restarted; `ping`
 //! and the reads of a scan are re-sent too. Nothing is re-sent after a timeout, a refused
@@ -102,6 +98,7 @@
 //! # Features
 //! - `tls`: `rediss://` URLs (rustls with the ring provider and the system's roots).
 
+mod clock;
 mod codec;
 mod config;
 mod conn;
@@ -109,6 +106,7 @@ mod conn;
 #[doc(hidden)]
 pub mod fuzzing;
 mod layout;
+mod primitives;
 mod scan;
 mod scripts;
 mod store;

@@ -46,6 +46,42 @@ pub trait Harness: Send + Sync + 'static {
     /// Plants a broken record at `key`: one the store cannot decode, or one that breaks the
     /// record invariants. Every later operation on it must answer `StoreError::Corrupt`.
     async fn corrupt(&self, key: &RecordKey);
+
+    /// How many round trips [`Harness::store`] (all its handles) has sent to the backend so
+    /// far: what the round-trip clauses count on a remote store. `None` (the default): the
+    /// store has no round trips to count (memory, redb), and those clauses do not apply.
+    fn round_trips(&self) -> Option<u64> {
+        None
+    }
+
+    /// A second handle on the same records whose local clock runs `skew` ahead of the first's
+    /// (behind, when `ahead` is false), and that moves with [`Harness::advance`] like the
+    /// first. `None` (the default): the store has one clock for every handle (memory, redb),
+    /// and the skewed-clock clause does not apply.
+    async fn skewed_store(&self, _skew: Duration, _ahead: bool) -> Option<Arc<dyn Store>> {
+        None
+    }
+}
+
+/// The system's clock, `skew` ahead (or behind): the local clock of a handle that disagrees
+/// with the others, for [`Harness::skewed_store`].
+#[derive(Clone, Copy, Debug)]
+pub struct SkewedClock {
+    /// How far off.
+    pub skew: Duration,
+    /// Ahead (`true`) or behind.
+    pub ahead: bool,
+}
+
+impl idem_core::Clock for SkewedClock {
+    fn now(&self) -> idem_core::Timestamp {
+        let now = idem_core::Clock::now(&idem_core::SystemClock);
+        if self.ahead {
+            now.saturating_add(self.skew)
+        } else {
+            now.saturating_sub(self.skew)
+        }
+    }
 }
 
 /// Expands into one `#[tokio::test]` per clause of the store contract, plus the hammer and the
@@ -84,6 +120,10 @@ macro_rules! store_conformance {
             scan_reports_a_corrupt_record_beside_the_readable_ones,
             hammer_counts_one_execution_per_key,
             ping_answers,
+            a_first_execution_takes_two_round_trips,
+            a_replay_a_conflict_and_a_mismatch_take_one_round_trip,
+            a_takeover_takes_at_most_two_round_trips,
+            skewed_clocks_never_grant_a_live_lease_twice,
         );
 
         #[test]

@@ -9,8 +9,8 @@ use idem_core::machine::LeasePolicy;
 use idem_core::{RecordKey, Store};
 use idem_store_postgres::tokio_postgres::{self, NoTls};
 use idem_store_postgres::{PostgresConfig, PostgresStore};
-use idem_testkit::Harness;
 use idem_testkit::probe::{require_tcp, service_url};
+use idem_testkit::{Harness, SkewedClock};
 
 /// The server the tests use unless `IDEM_TEST_POSTGRES_URL` says otherwise.
 pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -75,6 +75,11 @@ impl Drop for SchemaGuard {
 /// A store on its own schema.
 pub struct PgHarness {
     pub store: PostgresStore,
+    /// The configuration of the store, for more handles on its schema.
+    config: PostgresConfig,
+    /// The handles of `skewed_store`, and how far the clock has been advanced: every handle
+    /// moves with the first.
+    skewed: std::sync::Mutex<(Vec<PostgresStore>, Duration)>,
     // Dropped after the store, so the pool is idle when the schema goes.
     pub schema: SchemaGuard,
 }
@@ -98,8 +103,15 @@ impl PgHarness {
             .unwrap()
             .with_pool_size(std::num::NonZeroUsize::new(16).unwrap())
             .with_lease_policy(policy);
-        let store = PostgresStore::connect(config).await.expect("connect");
-        Some(PgHarness { store, schema })
+        let store = PostgresStore::connect(config.clone())
+            .await
+            .expect("connect");
+        Some(PgHarness {
+            store,
+            config,
+            skewed: std::sync::Mutex::default(),
+            schema,
+        })
     }
 }
 
@@ -109,8 +121,31 @@ impl Harness for PgHarness {
         Arc::new(self.store.clone())
     }
 
+    /// Moves store time by `by` plus the error bound of the store's clock estimate: a lease
+    /// counts as lapsed for a takeover only once it has lapsed by more than the bound.
     async fn advance(&self, by: Duration) {
+        let by = by + self.store.clock_bound();
         self.store.advance_clock(by);
+        let mut skewed = self.skewed.lock().unwrap();
+        skewed.0.iter().for_each(|store| store.advance_clock(by));
+        skewed.1 += by;
+    }
+
+    async fn skewed_store(&self, skew: Duration, ahead: bool) -> Option<Arc<dyn Store>> {
+        let config = self
+            .config
+            .clone()
+            .with_migrate_on_connect(false)
+            .with_local_clock(Arc::new(SkewedClock { skew, ahead }));
+        let store = PostgresStore::connect(config).await.expect("connect");
+        let mut skewed = self.skewed.lock().unwrap();
+        store.advance_clock(skewed.1);
+        skewed.0.push(store.clone());
+        Some(Arc::new(store))
+    }
+
+    fn round_trips(&self) -> Option<u64> {
+        Some(self.store.round_trips())
     }
 
     async fn corrupt(&self, key: &RecordKey) {

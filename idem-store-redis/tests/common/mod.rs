@@ -9,10 +9,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::{ClaimRequest, Fingerprint, IdempotencyKey, RecordKey, Store};
 use idem_store_redis::{ClockOffset, RedisConfig, RedisStore};
-use idem_testkit::Harness;
 use idem_testkit::hammer::{HammerConfig, hammer};
 use idem_testkit::probe::{require_tcp, service_url};
 use idem_testkit::redis_server::{cluster, host_port};
+use idem_testkit::{Harness, SkewedClock};
 use redis::aio::ConnectionLike;
 
 /// The lease of the tests' claims.
@@ -83,19 +83,29 @@ impl Harness for RedisHarness {
         Arc::new(self.store.clone())
     }
 
+    /// Moves store time by `by` plus the error bound of the store's clock estimate: a lease
+    /// counts as lapsed for a takeover only once it has lapsed by more than the bound, so a
+    /// step that lapses a lease on the clause's (exact) clock lapses it here too.
     async fn advance(&self, by: Duration) {
-        self.offset.advance(by);
+        self.offset.advance(by + self.store.clock_bound());
+    }
+
+    fn round_trips(&self) -> Option<u64> {
+        Some(self.store.round_trips())
+    }
+
+    async fn skewed_store(&self, skew: Duration, ahead: bool) -> Option<Arc<dyn Store>> {
+        let clock = Arc::new(SkewedClock { skew, ahead });
+        let config = self.store.config().clone().with_local_clock(clock);
+        Some(Arc::new(
+            RedisStore::connect(config).await.expect("connect"),
+        ))
     }
 
     async fn corrupt(&self, key: &RecordKey) {
-        // A meta field no version of the store writes.
-        self.raw(
-            redis::cmd("HSET")
-                .arg(self.store.redis_key(key))
-                .arg("m")
-                .arg("?"),
-        )
-        .await;
+        // A value no layout of the store writes.
+        self.raw(redis::cmd("SET").arg(self.store.redis_key(key)).arg("?"))
+            .await;
     }
 }
 

@@ -17,12 +17,14 @@ use crate::Harness;
 mod claims;
 mod leases;
 mod records;
+mod round_trips;
 mod scans;
 mod settle;
 
 pub use claims::*;
 pub use leases::*;
 pub use records::*;
+pub use round_trips::*;
 pub use scans::*;
 pub use settle::*;
 
