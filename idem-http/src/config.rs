@@ -48,23 +48,12 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderName, Method, StatusCode, header, request};
 use idem_core::Scope;
 
+use crate::fields::is_connection_or_framing;
 use crate::rejection::{ProblemJson, RejectionHandler};
 use crate::scope::{InvalidScope, ScopePart, ScopeSource};
 
 /// 1 MiB.
 const MIB: usize = 1024 * 1024;
-
-/// Response headers that are never stored: they describe one connection or one message.
-const HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::TRANSFER_ENCODING,
-    header::TE,
-    header::TRAILER,
-    header::UPGRADE,
-    header::CONTENT_LENGTH,
-];
 
 /// Response headers not stored by default, which [`ConfigBuilder::allow_header`] may re-allow.
 const DENIED_BY_DEFAULT: [HeaderName; 4] = [
@@ -300,7 +289,7 @@ impl Config {
     /// Trailers go through the same lists as headers.
     #[must_use]
     pub fn stores_header(&self, name: &HeaderName) -> bool {
-        !HOP_BY_HOP.contains(name) && !self.denied.contains(name)
+        !is_connection_or_framing(name) && !self.denied.contains(name)
     }
 
     /// The headers of `headers` to store, in order with repeats.
@@ -525,7 +514,7 @@ impl ConfigBuilder {
     /// or `Content-Length`.
     pub fn allow_header(mut self, name: &str) -> Result<Self, ConfigError> {
         let name = header_name(name)?;
-        if HOP_BY_HOP.contains(&name) {
+        if is_connection_or_framing(&name) {
             return Err(ConfigError::NeverStored(name.as_str().to_owned()));
         }
         self.config.denied.retain(|denied| *denied != name);

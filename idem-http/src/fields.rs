@@ -88,9 +88,12 @@ pub fn strip_trailer_fields(trailers: &mut HeaderMap) {
     remove_connection_fields(trailers, &FRAMING_FIELDS);
 }
 
-/// Whether a trailer section may carry a field named `name`.
-fn may_trail(name: &HeaderName) -> bool {
-    !CONNECTION_FIELDS.contains(name) && !FRAMING_FIELDS.contains(name)
+/// Whether `name` is one of the [`CONNECTION_FIELDS`] or a field that frames a message
+/// (`Content-Length`, `Trailer`): never stored or replayed, and never carried by a trailer
+/// section.
+#[must_use]
+pub fn is_connection_or_framing(name: &HeaderName) -> bool {
+    CONNECTION_FIELDS.contains(name) || FRAMING_FIELDS.contains(name)
 }
 
 /// Rewrites the `Trailer` header of `headers` (a header section) to announce only fields a
@@ -104,7 +107,7 @@ pub fn clean_trailer_header(headers: &mut HeaderMap) -> Vec<HeaderName> {
     let hop = connection_listed(headers);
     let mut announced: Vec<HeaderName> = Vec::new();
     for name in listed(headers, &header::TRAILER) {
-        if may_trail(&name) && !hop.contains(&name) && !announced.contains(&name) {
+        if !is_connection_or_framing(&name) && !hop.contains(&name) && !announced.contains(&name) {
             announced.push(name);
         }
     }

@@ -19,19 +19,12 @@ use http::{HeaderName, Method};
 use super::ConfigError;
 use super::internal::Origin;
 
-/// Headers that describe the message's framing or one connection: never a key header, never
-/// stored (so never allowed).
-pub(super) const FRAMING: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "transfer-encoding",
-    "te",
-    "trailer",
-    "upgrade",
-    "content-length",
-    "host",
-];
+/// Whether `header` describes the message's framing or one connection (idem-http's
+/// connection and framing fields, and `Host`): never a key header, never stored (so never
+/// allowed).
+pub(super) fn is_framing(header: &HeaderName) -> bool {
+    idem_http::fields::is_connection_or_framing(header) || header == http::header::HOST
+}
 
 /// A setting that is taken but is most likely a mistake: `check-config` prints it (exit 0) and
 /// `serve` logs it at start. One line naming where the setting is, like a [`ConfigError`].
@@ -90,7 +83,7 @@ pub(super) fn key_header(
     origin: &Origin,
     at: Option<usize>,
 ) -> Result<(), ConfigError> {
-    if FRAMING.contains(&header.as_str()) {
+    if is_framing(header) {
         return Err(origin.error_at(
             at,
             format!(

@@ -25,7 +25,7 @@ fn header_names(
         .map(|name| {
             let header = HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| origin.error_at(at, format!("{name:?} is not a header name")))?;
-            if allow && lint::FRAMING.contains(&header.as_str()) {
+            if allow && lint::is_framing(&header) {
                 return Err(origin.error_at(
                     at,
                     format!(
