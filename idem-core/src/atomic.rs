@@ -7,7 +7,7 @@
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -175,14 +175,21 @@ pub trait Primitives: Send + Sync + fmt::Debug {
 /// transition is one compare-and-set without a read first. A cache: it never counts in the
 /// lease's equality or hash, and a lease without it (built by hand, or from a store that does
 /// not fill it) reads the record first.
+///
+/// Every copy of one lease shares the cache: when a heartbeat sent with one copy (a lease
+/// keeper's) writes, the completion sent with another copy (the one the claim answered) starts
+/// from that write, not from the claim's, and still takes one compare-and-set.
 #[derive(Clone, Default)]
-pub struct Held(Option<Arc<(Record, Version)>>);
+pub struct Held(Option<Arc<Mutex<Written>>>);
+
+/// The record last written for a lease, with its version.
+type Written = Arc<(Record, Version)>;
 
 impl Held {
     /// The record written for the lease, at `version`.
     #[must_use]
     pub fn new(record: Record, version: Version) -> Self {
-        Held(Some(Arc::new((record, version))))
+        Held(Some(Arc::new(Mutex::new(Arc::new((record, version))))))
     }
 
     /// Nothing known: the next transition reads first.
@@ -193,8 +200,24 @@ impl Held {
 
     /// The record and its version, if known.
     #[must_use]
-    pub fn get(&self) -> Option<(&Record, &Version)> {
-        self.0.as_deref().map(|(record, version)| (record, version))
+    pub fn get(&self) -> Option<Written> {
+        self.0
+            .as_ref()
+            .map(|cell| Arc::clone(&cell.lock().unwrap_or_else(PoisonError::into_inner)))
+    }
+
+    /// A later write for the lease: every copy that shares this cache now starts from it. A
+    /// lease without a cache gets a cache of its own in the answer (see [`Held::new`]) instead.
+    /// Returns the cache to answer with.
+    #[must_use]
+    pub fn written(&self, record: Record, version: Version) -> Held {
+        match &self.0 {
+            Some(cell) => {
+                *cell.lock().unwrap_or_else(PoisonError::into_inner) = Arc::new((record, version));
+                self.clone()
+            }
+            None => Held::new(record, version),
+        }
     }
 }
 
@@ -213,7 +236,7 @@ impl Hash for Held {
 impl fmt::Debug for Held {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.get() {
-            Some((_, version)) => write!(f, "Held({version:?})"),
+            Some(held) => write!(f, "Held({:?})", held.1),
             None => f.write_str("Held(unknown)"),
         }
     }

@@ -155,7 +155,8 @@ impl<P: Primitives> Driven<P> {
         decide: impl Fn(Option<&Record>, Timestamp) -> Result<Step<T>, StoreError>,
     ) -> Result<(T, Held), StoreError> {
         let (mut current, mut cached) = match lease.held.get() {
-            Some((record, version)) => {
+            Some(held) => {
+                let (record, version) = &*held;
                 let slot = Slot::Record(record.clone());
                 let version = version.clone();
                 (Some(Versioned { slot, version }), true)
@@ -201,7 +202,7 @@ impl<P: Primitives> Driven<P> {
             match self.swap(&lease.key, &found.version, &slot, ttl).await? {
                 Swapped::Swapped(version) => {
                     let held = match slot {
-                        Slot::Record(record) => Held::new(record, version),
+                        Slot::Record(record) => lease.held.written(record, version),
                         Slot::Tombstone(_) => Held::unknown(),
                     };
                     return Ok((step.answer, held));

@@ -21,7 +21,8 @@ async fn counted<T>(h: &impl Harness, op: impl Future<Output = T>) -> (T, Option
     (out, taken)
 }
 
-/// A first execution takes 2 round trips: create-if-absent, then compare-and-set.
+/// A first execution takes 2 round trips: create-if-absent, then compare-and-set, also when a
+/// lease keeper's copy of the lease heartbeated in between.
 pub async fn a_first_execution_takes_two_round_trips(h: &impl Harness) {
     let store = h.store();
     let k = key("first");
@@ -40,6 +41,20 @@ pub async fn a_first_execution_takes_two_round_trips(h: &impl Harness) {
     released.expect("release");
     if let (Some(beat), Some(release)) = (beat, release) {
         assert_eq!((beat, release), (1, 1), "heartbeat, release");
+    }
+    // A lease keeper heartbeats with its own copy of the lease; the completion, sent with the
+    // copy the claim answered, starts from the heartbeat's write: one compare-and-set still.
+    let lease = acquire(&*store, &request(&key("first-3"), "a")).await;
+    let keeper = lease.clone();
+    store.heartbeat(&keeper, LEASE).await.expect("heartbeat");
+    let done = store.complete(&lease, Bytes::from_static(b"r"), RETENTION);
+    let (done, complete) = counted(h, done).await;
+    done.expect("complete after a heartbeat");
+    if let Some(complete) = complete {
+        assert_eq!(
+            complete, 1,
+            "complete after a heartbeat of another copy of the lease"
+        );
     }
 }
 
