@@ -43,6 +43,8 @@
 //! - [`gateway`], [`proxy`], [`server`], [`admin`]: the request path, the upstream client, the
 //!   listener with its graceful shutdown, and the admin endpoints (metrics, health, the key API,
 //!   the operator's page `/ui`);
+//! - [`fence`]: the attempt's fence and number as request headers to the upstream, and the
+//!   client's copies removed;
 //! - [`normal_path`]: the normal form of a request path, which routes are matched against;
 //! - [`records`]: records as the admin tools show them (JSON and one line);
 //! - [`demo`]: the built-in upstream of `idem demo`.
@@ -53,6 +55,7 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod demo;
+pub mod fence;
 pub mod gateway;
 pub mod normal_path;
 pub mod proxy;

@@ -558,6 +558,7 @@ impl Proxy {
         // a client naming them in `Connection` only drops the values it sent.
         let announced = strip_hop_by_hop(request.headers_mut());
         forwarded_headers(&mut request);
+        shared.upstream.fence.apply(&mut request);
         // The gateway takes trailers, whoever its client is: it passes them on (to an HTTP/2
         // client, or an HTTP/1.1 one that sent `TE: trailers` itself) and stores them with
         // the response, so a replay ends with them. An HTTP/1.1 upstream sends trailers only

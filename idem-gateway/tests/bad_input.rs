@@ -863,3 +863,60 @@ fn allowing_a_header_that_is_never_denied_is_warned_about() {
     );
     assert_eq!(warnings_of(&useful), "");
 }
+
+/// The fence headers' names are refused at their line when they cannot carry a value to the
+/// upstream (a framing or hop-by-hop field, a header the gateway sets), when both are one
+/// header, and when one is a route's key header (the gateway removes a client's copies of the
+/// fence headers from every request, so the upstream would lose the key).
+#[test]
+fn fence_header_names_that_cannot_work_are_refused() {
+    for header in ["Content-Length", "Connection", "te", "X-Forwarded-For"] {
+        let config = with_upstream(
+            "fence-header.toml",
+            &format!("fence_header = \"{header}\"\n"),
+        );
+        assert_one_line_error(
+            &idem(&["check-config", path(&config)]),
+            &[
+                "fence-header.toml:3:16",
+                "cannot carry the fence or the attempt number",
+            ],
+        );
+    }
+    let same = with_upstream(
+        "fence-same.toml",
+        "fence_header = \"X-Fence\"\nattempt_header = \"x-fence\"\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&same)]),
+        &["fence-same.toml:4:18", "both x-fence"],
+    );
+    let key = with_upstream(
+        "fence-key.toml",
+        "attempt_header = \"X-Request-Key\"\n[[route]]\nname = \"pay\"\npath = \"/p\"\nheader = \"X-Request-Key\"\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&key)]),
+        &[
+            "fence-key.toml:3:18",
+            "attempt_header \"x-request-key\" is the key header of route \"pay\"",
+        ],
+    );
+    // The default names clash too: the error names the section.
+    let default = with_upstream(
+        "fence-default.toml",
+        "[idempotency]\nheader = \"Idempotency-Fence\"\n",
+    );
+    assert_one_line_error(
+        &idem(&["check-config", path(&default)]),
+        &[
+            "fence-default.toml",
+            "fence_header \"idempotency-fence\" is the key header",
+        ],
+    );
+    let renamed = with_upstream(
+        "fence-renamed.toml",
+        "fence_header = \"X-Fence\"\nattempt_header = \"X-Attempt\"\nfence_headers = false\n",
+    );
+    assert_eq!(warnings_of(&renamed), "");
+}

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
+use http::HeaderName;
 use toml::Spanned;
 
 use super::ConfigError;
@@ -20,6 +21,7 @@ use super::toml::{
     AdminSection, FileConfig, LogSection, ServerSection, StoreSection, UpstreamSection,
 };
 use super::value::{ByteSize, HumanDuration, ListenAddr, StoreSpec, UpstreamUrl};
+use crate::fence::FenceHeaders;
 use crate::store::{Backends, SettingError};
 
 /// The shortest admin token taken, in bytes: 16 printable characters are more than 2^100
@@ -122,7 +124,8 @@ impl Config {
             routes,
         } = file;
         let (server, server_listen_at) = server_config(server, flags.listen, origin)?;
-        let upstream = upstream_config(&upstream, flags.upstream_url, origin)?;
+        let upstream_section = upstream;
+        let upstream = upstream_config(&upstream_section, flags.upstream_url, origin)?;
         let store = store_config(
             store,
             flags.store_spec,
@@ -148,6 +151,14 @@ impl Config {
             origin,
             &mut warnings,
         )?;
+        if let Some(upstream_config) = &upstream {
+            lint::fence_headers_apart_from_keys(
+                &upstream_config.fence,
+                &routes,
+                &upstream_section,
+                origin,
+            )?;
+        }
         Ok(Config {
             server,
             upstream,
@@ -270,6 +281,8 @@ fn upstream_config(
     upstream_url: Option<UpstreamUrl>,
     origin: &Origin,
 ) -> Result<Option<UpstreamConfig>, ConfigError> {
+    // Checked with or without a URL, so that `check-config` refuses a bad name either way.
+    let fence = fence_headers(upstream, origin)?;
     let upstream = match upstream_url.or(upstream.url.clone()) {
         None => None,
         Some(url) => Some(UpstreamConfig {
@@ -296,9 +309,38 @@ fn upstream_config(
                 .pool_idle_timeout
                 .map_or(defaults::POOL_IDLE_TIMEOUT, |d| d.0),
             pool_max_idle: upstream.pool_max_idle.unwrap_or(defaults::POOL_MAX_IDLE),
+            fence,
         }),
     };
     Ok(upstream)
+}
+
+/// `[upstream] fence_headers`, `fence_header` and `attempt_header`: each name a header name
+/// that may carry them ([`lint::fence_header`]), and not both the same.
+fn fence_headers(upstream: &UpstreamSection, origin: &Origin) -> Result<FenceHeaders, ConfigError> {
+    let defaults = FenceHeaders::default();
+    let name = |written: Option<&Spanned<String>>, default: HeaderName| match written {
+        Some(written) => lint::fence_header(written.get_ref(), origin, Some(written.span().start)),
+        None => Ok(default),
+    };
+    let fence = name(upstream.fence_header.as_ref(), defaults.fence)?;
+    let attempt = name(upstream.attempt_header.as_ref(), defaults.attempt)?;
+    if fence == attempt {
+        let at = upstream
+            .attempt_header
+            .as_ref()
+            .or(upstream.fence_header.as_ref())
+            .map(|written| written.span().start);
+        return Err(origin.error_at(
+            at,
+            format!("fence_header and attempt_header are both {fence}: give each its own header"),
+        ));
+    }
+    Ok(FenceHeaders {
+        enabled: upstream.fence_headers.unwrap_or(defaults.enabled),
+        fence,
+        attempt,
+    })
 }
 
 /// `[store]`: a store the build lacks (see [`Backends`]) is refused, and the store's own client
@@ -535,5 +577,22 @@ mod tests {
             ..without_redis
         };
         assert!(store_of(text, all).is_ok());
+    }
+
+    /// The fence headers: on with the default names unless `[upstream]` says otherwise.
+    #[test]
+    fn fence_headers_are_on_by_default_and_named_in_upstream() {
+        let overrides = Overrides::default();
+        let upstream = "[upstream]\nurl = \"http://127.0.0.1:3000\"\n";
+        let config = crate::config::from_str("idem.toml", upstream, &overrides).unwrap();
+        assert_eq!(config.upstream.unwrap().fence, FenceHeaders::default());
+        let text = format!(
+            "{upstream}fence_headers = false\nfence_header = \"X-Fence\"\nattempt_header = \"X-Attempt\"\n"
+        );
+        let config = crate::config::from_str("idem.toml", &text, &overrides).unwrap();
+        let fence = config.upstream.unwrap().fence;
+        assert!(!fence.enabled);
+        assert_eq!(fence.fence, "x-fence");
+        assert_eq!(fence.attempt, "x-attempt");
     }
 }

@@ -12,6 +12,7 @@ use super::ConfigError;
 use super::lint::ConfigWarning;
 use super::toml::{KeyMode, LogFormat, OnStoreError};
 use super::value::{RoutePath, ScopeSpec, StoreSpec, UpstreamUrl};
+use crate::fence::FenceHeaders;
 use crate::normal_path::NormalPath;
 
 /// The defaults, in one place (the example config repeats them).
@@ -148,6 +149,8 @@ pub struct UpstreamConfig {
     pub pool_idle_timeout: Duration,
     /// The most idle pooled connections.
     pub pool_max_idle: usize,
+    /// The headers that carry an attempt's fence and number to the upstream.
+    pub fence: FenceHeaders,
 }
 
 /// The store.

@@ -7,6 +7,8 @@
 //! |---|---|---|
 //! | an admin listener on an address that is not loopback, without a token | refused | anyone who reaches the address could list and delete records |
 //! | a key header that is a framing or hop-by-hop field (`Content-Length`, `Host`, `Transfer-Encoding`, `Connection`, ...) | refused | it describes the message or the connection, not the operation, and proxies rewrite or drop it |
+//! | a `fence_header` or `attempt_header` that is a framing or hop-by-hop field, or one the gateway sets (`X-Forwarded-*`) | refused | the value would be dropped or overwritten on the way, or overwrite the gateway's own |
+//! | a `fence_header` or `attempt_header` that is a route's key header | refused | the gateway removes the client's copies of those headers from every request: the upstream would lose the key |
 //! | `HEAD`, `OPTIONS`, `CONNECT` or `TRACE` among the covered methods | refused | they have no effect to run once: a stored answer would only be stale |
 //! | `GET` among the covered methods | warned | a safe method needs no key, and a replayed GET is a stale read; an API whose GET has effects may mean it |
 //! | a method not in upper case (`post`) | refused (by the parser) | method names are case-sensitive: `post` is not `POST` |
@@ -17,12 +19,14 @@ use std::net::SocketAddr;
 use http::{HeaderName, Method};
 
 use super::ConfigError;
-use super::internal::Origin;
+use super::internal::{Origin, Route};
+use super::toml::UpstreamSection;
+use crate::fence::FenceHeaders;
 
 /// Whether `header` describes the message's framing or one connection (idem-http's
 /// connection and framing fields, and `Host`): never a key header, never stored (so never
 /// allowed).
-pub(super) fn is_framing(header: &HeaderName) -> bool {
+pub(crate) fn is_framing(header: &HeaderName) -> bool {
     idem_http::fields::is_connection_or_framing(header) || header == http::header::HOST
 }
 
@@ -92,6 +96,66 @@ pub(super) fn key_header(
                  own, such as Idempotency-Key)"
             ),
         ));
+    }
+    Ok(())
+}
+
+/// A `fence_header` or `attempt_header` as written: refused when it is not a header name, or
+/// cannot carry a value to the upstream ([`crate::fence::refused_name`]).
+///
+/// # Errors
+/// [`ConfigError`] at `at`.
+pub(super) fn fence_header(
+    written: &str,
+    origin: &Origin,
+    at: Option<usize>,
+) -> Result<HeaderName, ConfigError> {
+    let header = HeaderName::from_bytes(written.as_bytes())
+        .map_err(|_| origin.error_at(at, format!("{written:?} is not a header name")))?;
+    if let Some(why) = crate::fence::refused_name(&header) {
+        return Err(origin.error_at(
+            at,
+            format!(
+                "header {header:?} cannot carry the fence or the attempt number to the upstream: \
+                 {why} (use a header of its own, such as Idempotency-Fence)"
+            ),
+        ));
+    }
+    Ok(header)
+}
+
+/// Refuses fence headers named like a route's key header: the gateway removes the client's
+/// copies of the fence headers from every request, so the upstream would never see the key.
+///
+/// # Errors
+/// [`ConfigError`] at the fence header's name in `[upstream]` (or the section, for a default
+/// name).
+pub(super) fn fence_headers_apart_from_keys(
+    fence: &FenceHeaders,
+    routes: &[Route],
+    written: &UpstreamSection,
+    origin: &Origin,
+) -> Result<(), ConfigError> {
+    let clashes = [
+        (&fence.fence, "fence_header", written.fence_header.as_ref()),
+        (
+            &fence.attempt,
+            "attempt_header",
+            written.attempt_header.as_ref(),
+        ),
+    ];
+    for (name, setting, at) in clashes {
+        if let Some(route) = routes.iter().find(|route| route.settings.header == *name) {
+            return Err(origin.error_at(
+                at.map(|written| written.span().start),
+                format!(
+                    "{setting} {name:?} is the key header of route {:?}: the gateway removes a \
+                     client's {name} from every request, so the upstream would never see the key \
+                     (give the fence headers names of their own)",
+                    route.name
+                ),
+            ));
+        }
     }
     Ok(())
 }

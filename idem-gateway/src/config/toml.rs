@@ -61,6 +61,12 @@ pub struct UpstreamSection {
     pub pool_idle_timeout: Option<HumanDuration>,
     /// The most idle pooled connections kept.
     pub pool_max_idle: Option<usize>,
+    /// Whether a request that holds a claim gets the fence and attempt headers.
+    pub fence_headers: Option<bool>,
+    /// The header of the attempt's fence.
+    pub fence_header: Option<Spanned<String>>,
+    /// The header of the attempt number.
+    pub attempt_header: Option<Spanned<String>>,
 }
 
 /// `[store]`.
