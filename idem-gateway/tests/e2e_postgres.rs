@@ -213,3 +213,15 @@ async fn a_gateway_killed_mid_request_on_postgres_is_taken_over_after_the_lease(
     )
     .await;
 }
+
+/// The same kill, with the fenced upstream of `examples/fenced-upstream`: the killed gateway's
+/// attempt reaches it after the takeover's and is refused by its fence; one payment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_gateways_late_attempt_is_refused_by_a_fenced_upstream_on_postgres() {
+    if !require_tcp("PostgreSQL", &host_port(&url())) {
+        return;
+    }
+    let (schema, store) = fresh_store();
+    shared_store::a_killed_gateways_late_attempt_is_refused_by_a_fenced_upstream(&schema.0, &store)
+        .await;
+}

@@ -70,6 +70,21 @@ async fn a_gateway_killed_mid_request_is_taken_over_after_the_lease_and_runs_onc
     .await;
 }
 
+/// The same kill, with the fenced upstream of `examples/fenced-upstream`: the killed gateway's
+/// attempt reaches it after the takeover's and is refused by its fence; one payment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_gateways_late_attempt_is_refused_by_a_fenced_upstream_on_redis() {
+    if !redis_up() {
+        return;
+    }
+    let ns = namespace("fenced");
+    shared_store::a_killed_gateways_late_attempt_is_refused_by_a_fenced_upstream(
+        &ns,
+        &store_section(&ns),
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_down_and_too_slow_release_the_key_on_redis() {
     if !redis_up() {
