@@ -579,6 +579,11 @@ pub fn summary(config: &Config) -> Value {
     json!({
         "listen": config.server.listen.to_string(),
         "upstream": config.upstream.as_ref().map(|u| u.url.to_string()),
+        "fence_headers": config.upstream.as_ref().map(|u| json!({
+            "enabled": u.fence.enabled,
+            "fence_header": u.fence.fence.as_str(),
+            "attempt_header": u.fence.attempt.as_str(),
+        })),
         "store": config.store.spec.to_string(),
         "namespace": config.store.namespace,
         "admin": config.admin.as_ref().map(|a| json!({

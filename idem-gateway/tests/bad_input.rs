@@ -919,4 +919,11 @@ fn fence_header_names_that_cannot_work_are_refused() {
         "fence_header = \"X-Fence\"\nattempt_header = \"X-Attempt\"\nfence_headers = false\n",
     );
     assert_eq!(warnings_of(&renamed), "");
+    let output = idem(&["check-config", "--json", path(&renamed)]);
+    let value: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        value["fence_headers"],
+        serde_json::json!({"enabled": false, "fence_header": "x-fence", "attempt_header": "x-attempt"}),
+        "{value}"
+    );
 }
