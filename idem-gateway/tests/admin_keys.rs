@@ -215,7 +215,10 @@ async fn the_key_api_pages_filters_and_escapes_keys() {
     loop {
         let mut url = format!("{admin}/api/keys?limit=2&state=completed");
         if let Some(c) = &cursor {
-            url.push_str(&format!("&cursor={}", idem_gateway::admin::form::encode(c)));
+            url.push_str(&format!(
+                "&cursor={}",
+                idem_gateway::admin::client::encode(c)
+            ));
         }
         let reply = http.send(Method::GET, &url, &[], "").await;
         assert_eq!(reply.status, 200, "{}", reply.text());
@@ -230,7 +233,7 @@ async fn the_key_api_pages_filters_and_escapes_keys() {
 
     let key_url = format!(
         "{admin}/api/keys/{}",
-        idem_gateway::admin::form::encode(odd)
+        idem_gateway::admin::client::encode(odd)
     );
     let one = http.send(Method::GET, &key_url, &[], "").await;
     assert_eq!(one.status, 200, "{}", one.text());
@@ -509,7 +512,7 @@ async fn the_page_needs_a_login_escapes_keys_and_deletes_only_with_its_csrf_toke
         .unwrap()
         .to_owned();
 
-    let key_field = idem_gateway::admin::form::encode(hostile);
+    let key_field = idem_gateway::admin::client::encode(hostile);
     let delete = |cookie: Option<&str>, csrf: &str| {
         let mut headers = vec![("content-type", "application/x-www-form-urlencoded")];
         if let Some(cookie) = cookie {
@@ -554,6 +557,62 @@ async fn the_page_needs_a_login_escapes_keys_and_deletes_only_with_its_csrf_toke
         )
         .await;
     assert_eq!(page.status, 200);
+}
+
+/// The session cookie is `Secure` when the browser reached the listener over HTTPS, through a
+/// proxy that says so (`X-Forwarded-Proto: https`), and not over plain HTTP, where a browser
+/// would drop a `Secure` cookie; before, it was never `Secure`. Logging out removes it with the
+/// same flags.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_cookie_is_secure_behind_an_https_proxy() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config_with(fixture.addr, "", &with_token())).await;
+    let admin = gateway.admin.clone().unwrap();
+    let http = Http::new();
+    let form = ("content-type", "application/x-www-form-urlencoded");
+    let plain = log_in(&http, &admin, TOKEN).await;
+    assert_eq!(plain.status, 303);
+    let cookie = plain.header("set-cookie").unwrap().to_owned();
+    assert!(!cookie.contains("Secure"), "{cookie}");
+    let login = format!("{admin}/ui/login");
+    let proxied = http
+        .send(
+            Method::POST,
+            &login,
+            &[form, ("x-forwarded-proto", "https")],
+            format!("token={TOKEN}"),
+        )
+        .await;
+    assert_eq!(proxied.status, 303);
+    let cookie = proxied.header("set-cookie").unwrap().to_owned();
+    for flag in ["Secure", "HttpOnly", "SameSite=Strict", "Path=/ui"] {
+        assert!(cookie.contains(flag), "{flag} not in {cookie}");
+    }
+    let session = cookie.split(';').next().unwrap().to_owned();
+    let logout = http
+        .send(
+            Method::POST,
+            &format!("{admin}/ui/logout"),
+            &[("cookie", &session), ("x-forwarded-proto", "https")],
+            "",
+        )
+        .await;
+    assert_eq!(logout.status, 303);
+    let removal = logout.header("set-cookie").unwrap();
+    assert!(
+        removal.contains("Max-Age=0") && removal.contains("Secure"),
+        "{removal}"
+    );
+    // The session is over: the cookie no longer opens the page.
+    let page = http
+        .send(
+            Method::GET,
+            &format!("{admin}/ui"),
+            &[("cookie", &session)],
+            "",
+        )
+        .await;
+    assert_eq!(page.status, 401);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
