@@ -4,6 +4,10 @@
 //! `Authorization: Bearer TOKEN` (401 otherwise); `/ui` also accepts the session cookie that
 //! its login form sets (see [`session`]). Without a token, the key API and `/ui` answer only
 //! requests addressed to an IP address or `localhost` (see [`addressed_directly`]).
+//!
+//! An axum router: one guard middleware decides who may ask (the checks above, and the
+//! throttle on wrong tokens, see [`Throttle`]), then one handler per resource answers; a
+//! method a resource does not take is 405 with its `Allow` header.
 
 pub mod access;
 pub mod api;
@@ -331,10 +335,7 @@ async fn guard(State(admin): State<Admin>, mut request: Request, next: Next) -> 
             Ok(visitor) => {
                 request.extensions_mut().insert(visitor);
             }
-            Err(wait) => {
-                let refused = ui::login_page(StatusCode::TOO_MANY_REQUESTS, Some(TOO_MANY));
-                return throttled(refused, wait);
-            }
+            Err(wait) => return ui::too_many(wait),
         }
     } else {
         match admin.bearer(request.headers(), peer) {

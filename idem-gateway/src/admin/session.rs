@@ -141,10 +141,12 @@ pub fn over_https(uri: &http::Uri, headers: &HeaderMap) -> bool {
             .is_some_and(|proto| proto.trim().eq_ignore_ascii_case("https"))
 }
 
-/// The session cookie: `value` for [`LIFETIME`], or `None` to remove it.
-fn session_cookie(value: Option<&str>, secure: bool) -> Cookie<'static> {
-    let lifetime = value.map_or(0, |_| LIFETIME.as_secs());
-    Cookie::build((COOKIE, value.unwrap_or_default().to_owned()))
+/// The `Set-Cookie` value that names the session `id` for [`LIFETIME`], or with `None`
+/// removes the cookie.
+#[must_use]
+pub fn set_cookie(id: Option<&str>, secure: bool) -> String {
+    let lifetime = id.map_or(0, |_| LIFETIME.as_secs());
+    Cookie::build((COOKIE, id.unwrap_or_default()))
         .path("/ui")
         .http_only(true)
         .same_site(SameSite::Strict)
@@ -152,19 +154,7 @@ fn session_cookie(value: Option<&str>, secure: bool) -> Cookie<'static> {
         .max_age(cookie::time::Duration::seconds(
             i64::try_from(lifetime).unwrap_or(i64::MAX),
         ))
-        .build()
-}
-
-/// The `Set-Cookie` value that names the session `id`.
-#[must_use]
-pub fn opened(id: &str, secure: bool) -> String {
-    session_cookie(Some(id), secure).to_string()
-}
-
-/// The `Set-Cookie` value that removes the session cookie.
-#[must_use]
-pub fn closed(secure: bool) -> String {
-    session_cookie(None, secure).to_string()
+        .to_string()
 }
 
 #[cfg(test)]
@@ -191,13 +181,13 @@ mod tests {
     #[test]
     fn the_cookie_is_http_only_strict_and_read_back() {
         let id = "a".repeat(64);
-        let set = opened(&id, false);
+        let set = set_cookie(Some(&id), false);
         for part in ["HttpOnly", "SameSite=Strict", "Path=/ui", "Max-Age=43200"] {
             assert!(set.contains(part), "{part} not in {set}");
         }
         assert!(!set.contains("Secure"), "{set}");
-        assert!(opened(&id, true).contains("Secure"));
-        assert!(closed(false).contains("Max-Age=0"));
+        assert!(set_cookie(Some(&id), true).contains("Secure"));
+        assert!(set_cookie(None, false).contains("Max-Age=0"));
         let mut headers = HeaderMap::new();
         headers.append(header::COOKIE, "a=1; other=2".parse().unwrap());
         assert_eq!(cookie_of(&headers), None);

@@ -133,6 +133,14 @@ pub(super) fn routes() -> Router<Admin> {
         )
 }
 
+/// The login form of a peer that sent too many wrong tokens: 429, after `wait`.
+pub(super) fn too_many(wait: Duration) -> Response {
+    throttled(
+        login_page(StatusCode::TOO_MANY_REQUESTS, Some(TOO_MANY)),
+        wait,
+    )
+}
+
 /// The login form of a visitor without access: 401, with its challenge.
 fn sign_in() -> Response {
     challenge(login_page(StatusCode::UNAUTHORIZED, None))
@@ -179,16 +187,11 @@ async fn login(
         Access::Refused => {
             return challenge(login_page(StatusCode::UNAUTHORIZED, Some("Wrong token.")));
         }
-        Access::Throttled(wait) => {
-            return throttled(
-                login_page(StatusCode::TOO_MANY_REQUESTS, Some(TOO_MANY)),
-                wait,
-            );
-        }
+        Access::Throttled(wait) => return too_many(wait),
     }
     let id = admin.sessions.open();
     let secure = session::over_https(&uri, &headers);
-    redirect("/ui", Some(&session::opened(&id, secure)))
+    redirect("/ui", Some(&session::set_cookie(Some(&id), secure)))
 }
 
 /// `POST /ui/logout`: ends the session and removes its cookie.
@@ -202,7 +205,7 @@ async fn logout(
         admin.sessions.close(id);
     }
     let secure = session::over_https(&uri, &headers);
-    redirect("/ui", Some(&session::closed(secure)))
+    redirect("/ui", Some(&session::set_cookie(None, secure)))
 }
 
 /// The fields of a Delete button's form.
