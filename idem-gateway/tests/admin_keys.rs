@@ -615,6 +615,48 @@ async fn the_session_cookie_is_secure_behind_an_https_proxy() {
     assert_eq!(page.status, 401);
 }
 
+/// What the listener's framework decides for it stays the listener's: a login form over 16 KiB
+/// reads as a form without the token (401, not the framework's 413), a query that names a
+/// parameter twice is the key API's JSON 400 (not plain text), and the listener speaks HTTP/2
+/// with prior knowledge as well as HTTP/1.1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_forms_repeated_parameters_and_http2_are_answered_by_the_admin_rules() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config_with(fixture.addr, "", &with_token())).await;
+    let admin = gateway.admin.clone().unwrap();
+    let http = Http::new();
+    let padded = format!("{TOKEN}&pad={}", "x".repeat(20 * 1024));
+    let large = log_in(&http, &admin, &padded).await;
+    assert_eq!(large.status, 401, "{}", large.text());
+    assert!(large.header("set-cookie").is_none());
+    assert!(large.text().contains("Wrong token."));
+    assert_eq!(log_in(&http, &admin, TOKEN).await.status, 303);
+
+    let bearer = format!("Bearer {TOKEN}");
+    let twice = http
+        .send(
+            Method::GET,
+            &format!("{admin}/api/keys?state=completed&state=failed"),
+            &[("authorization", bearer.as_str())],
+            "",
+        )
+        .await;
+    assert_eq!(twice.status, 400, "{}", twice.text());
+    let json: serde_json::Value = serde_json::from_slice(&twice.body).unwrap();
+    assert!(json["error"].as_str().unwrap().contains("state"), "{json}");
+
+    let h2 = common::try_post(
+        &format!("{admin}/healthz"),
+        &[("authorization", bearer.as_str())],
+        true,
+    )
+    .await
+    .unwrap();
+    assert_eq!(h2.version, http::Version::HTTP_2);
+    assert_eq!(h2.status, 405);
+    assert_eq!(h2.headers.get("allow").unwrap(), "GET, HEAD");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_show_in_flight_records_whose_lease_lapsed() {
     let fixture = Fixture::start();
