@@ -21,8 +21,8 @@ use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use http::StatusCode;
 use http::header::{self, HeaderValue};
+use http::{Method, StatusCode};
 use idem_core::{RecordKey, Store, StoreError};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -88,7 +88,7 @@ pub(super) fn routes() -> Router<Admin> {
             error(StatusCode::METHOD_NOT_ALLOWED, "GET lists the records")
         })
     };
-    let key_route = only(get(get_key).delete(delete_key), "GET, HEAD, DELETE", || {
+    let key_route = only(get(one).delete(one), "GET, HEAD, DELETE", || {
         error(StatusCode::METHOD_NOT_ALLOWED, "GET or DELETE")
     });
     Router::new()
@@ -112,23 +112,17 @@ fn key_of(
     record_key(&key, &scope, ArgNames::PARAMS).map_err(|err| BadRequest(err.to_string()))
 }
 
-/// `GET` (and `HEAD`) `/api/keys/KEY?scope=S`.
-async fn get_key(
+/// `GET` (and `HEAD`) or `DELETE` `/api/keys/KEY?scope=S`.
+async fn one(
     State(admin): State<Admin>,
+    method: Method,
     key: Result<Path<String>, PathRejection>,
     query: Result<Query<Params>, QueryRejection>,
 ) -> Result<Response, BadRequest> {
     let key = key_of(key, query)?;
-    Ok(get_record(&*admin.store, &key).await)
-}
-
-/// `DELETE /api/keys/KEY?scope=S`.
-async fn delete_key(
-    State(admin): State<Admin>,
-    key: Result<Path<String>, PathRejection>,
-    query: Result<Query<Params>, QueryRejection>,
-) -> Result<Response, BadRequest> {
-    let key = key_of(key, query)?;
+    if method != Method::DELETE {
+        return Ok(get_record(&*admin.store, &key).await);
+    }
     Ok(match admin.store.delete(&key).await {
         Ok(deleted) => {
             if deleted {
