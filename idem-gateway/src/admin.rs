@@ -4,33 +4,34 @@
 //! `Authorization: Bearer TOKEN` (401 otherwise); `/ui` also accepts the session cookie that
 //! its login form sets (see [`session`]). Without a token, the key API and `/ui` answer only
 //! requests addressed to an IP address or `localhost` (see [`addressed_directly`]).
+//!
+//! An axum router: one guard middleware decides who may ask (the checks above, and the
+//! throttle on wrong tokens, see [`Throttle`]), then one handler per resource answers; a
+//! method a resource does not take is 405 with its `Allow` header.
 
 pub mod access;
 pub mod api;
 pub mod client;
-pub mod form;
 pub mod monitor;
 pub mod session;
 pub mod ui;
 
-use std::convert::Infallible;
 use std::future::Future;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use axum::Router;
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse as _, Response};
+use axum::routing::{MethodRouter, get};
 use http::header::{self, HeaderValue};
-use http::{Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
+use http::{HeaderMap, StatusCode};
 use idem_core::Store;
 use tokio::net::TcpListener;
 
-use crate::body::{GatewayBody, full};
-use crate::records::{ArgNames, record_key};
 use access::{Throttle, addressed_directly, same};
 use monitor::Monitor;
 use session::Sessions;
@@ -40,6 +41,9 @@ pub type RenderMetrics = Arc<dyn Fn() -> String + Send + Sync>;
 
 /// How long `/readyz` waits for the store.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The largest form body `/ui` reads (a larger one reads as an empty form).
+const MAX_FORM: usize = 16 * 1024;
 
 /// What the admin listener serves.
 #[derive(Clone)]
@@ -65,26 +69,27 @@ impl std::fmt::Debug for Admin {
     }
 }
 
-fn text(status: StatusCode, body: impl Into<bytes::Bytes>) -> Response<GatewayBody> {
-    let mut response = Response::new(full(body));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    response
+/// A plain-text answer.
+fn text(status: StatusCode, body: impl Into<String>) -> Response {
+    (status, body.into()).into_response()
 }
 
 /// `response`, a 405, with the `Allow` header RFC 9110 section 15.5.6 requires of it: the
 /// methods `allow` the resource takes.
-pub(crate) fn with_allow(
-    mut response: Response<GatewayBody>,
-    allow: &'static str,
-) -> Response<GatewayBody> {
+fn with_allow(mut response: Response, allow: &'static str) -> Response {
     response
         .headers_mut()
         .insert(header::ALLOW, HeaderValue::from_static(allow));
     response
+}
+
+/// `route`, answering any other method with `refusal`, a 405 naming the methods `allow`.
+fn only(
+    route: MethodRouter<Admin>,
+    allow: &'static str,
+    refusal: fn() -> Response,
+) -> MethodRouter<Admin> {
+    route.fallback(move || async move { with_allow(refusal(), allow) })
 }
 
 /// The body of a 405 of `/ui`.
@@ -113,7 +118,7 @@ fn bearer_token(value: &[u8]) -> &[u8] {
 }
 
 /// A refusal: the key API's JSON error for `key_api`, plain text otherwise.
-fn refusal(key_api: bool, status: StatusCode, message: &str) -> Response<GatewayBody> {
+fn refusal(key_api: bool, status: StatusCode, message: &str) -> Response {
     if key_api {
         api::error(status, message)
     } else {
@@ -122,7 +127,7 @@ fn refusal(key_api: bool, status: StatusCode, message: &str) -> Response<Gateway
 }
 
 /// `response` with `Retry-After` for `wait` (in whole seconds, at least 1).
-fn throttled(mut response: Response<GatewayBody>, wait: Duration) -> Response<GatewayBody> {
+fn throttled(mut response: Response, wait: Duration) -> Response {
     let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
     response
         .headers_mut()
@@ -137,12 +142,40 @@ const NOT_DIRECT: &str = "without an admin token, the key API and /ui answer onl
 
 /// `response`, a 401, with the challenge RFC 9110 section 11.6.1 requires of every 401: the
 /// bearer scheme, which `/ui`'s login page answers too (a browser shows no dialog for it).
-fn challenge(mut response: Response<GatewayBody>) -> Response<GatewayBody> {
+fn challenge(mut response: Response) -> Response {
     response.headers_mut().insert(
         header::WWW_AUTHENTICATE,
         HeaderValue::from_static("Bearer realm=\"idem admin\""),
     );
     response
+}
+
+/// The 401 of a request without the token.
+fn unauthorized() -> Response {
+    challenge(text(
+        StatusCode::UNAUTHORIZED,
+        "a bearer token is required\n",
+    ))
+}
+
+/// The address of the peer that sent `request`, when the listener knows it.
+fn peer_of(request: &Request) -> Option<IpAddr> {
+    request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(address)| address.ip())
+}
+
+/// Who sent a request to `/ui`, as the guard found it (handed to the page's handlers).
+#[derive(Clone, Debug)]
+struct Visitor {
+    /// The peer's address, when known (wrong tokens are counted by peer).
+    peer: Option<IpAddr>,
+    /// The session the cookie names, live or not.
+    session_id: Option<String>,
+    /// The CSRF token of this visitor and whether it came with a live session, when it may
+    /// see the page.
+    access: Option<(String, bool)>,
 }
 
 impl Admin {
@@ -171,14 +204,14 @@ impl Admin {
         self.draining.store(true, Ordering::Release);
     }
 
-    /// Checks the bearer token of `request` from `peer`: a peer that sent too many wrong
+    /// Checks the bearer token in `headers` from `peer`: a peer that sent too many wrong
     /// tokens gets 429 for a wrong one (see [`Throttle`]) until its window ends; the right one
     /// is accepted all the same.
-    fn bearer<B>(&self, request: &Request<B>, peer: Option<IpAddr>) -> Access {
+    fn bearer(&self, headers: &HeaderMap, peer: Option<IpAddr>) -> Access {
         let Some(token) = &self.token else {
             return Access::Granted;
         };
-        let Some(given) = request.headers().get(header::AUTHORIZATION) else {
+        let Some(given) = headers.get(header::AUTHORIZATION) else {
             return Access::Refused;
         };
         self.check(bearer_token(given.as_bytes()), token, peer)
@@ -201,216 +234,54 @@ impl Admin {
         Access::Refused
     }
 
-    /// The 401 of a request without the token.
-    fn unauthorized() -> Response<GatewayBody> {
-        challenge(text(
-            StatusCode::UNAUTHORIZED,
-            "a bearer token is required\n",
-        ))
-    }
-
-    /// Answers one admin request from `peer` (its address, when known: wrong tokens are counted
-    /// by peer).
-    pub async fn handle<B>(
-        &self,
-        request: Request<B>,
-        peer: Option<IpAddr>,
-    ) -> Response<GatewayBody>
-    where
-        B: http_body::Body,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    {
-        let path = request.uri().path();
-        let ui = path == "/ui" || path.starts_with("/ui/");
-        let key_api = path
-            .strip_prefix(api::PREFIX)
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
-        if (ui || key_api) && self.token.is_none() && !addressed_directly(&request) {
-            tracing::warn!(
-                path,
-                "admin: refused a request addressed by a host name, without a token"
-            );
-            return refusal(key_api, StatusCode::FORBIDDEN, NOT_DIRECT);
-        }
-        if ui {
-            return self.ui(request, peer).await;
-        }
-        match self.bearer(&request, peer) {
-            Access::Granted => {}
-            Access::Refused => return Self::unauthorized(),
-            Access::Throttled(wait) => {
-                let refused = refusal(key_api, StatusCode::TOO_MANY_REQUESTS, TOO_MANY);
-                return throttled(refused, wait);
-            }
-        }
-        if key_api {
-            return api::handle(&*self.store, request.method(), path, request.uri().query()).await;
-        }
-        if request.method() != Method::GET && request.method() != Method::HEAD {
-            return with_allow(
-                text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n"),
-                "GET, HEAD",
-            );
-        }
-        match path {
-            "/healthz" => text(StatusCode::OK, "ok\n"),
-            "/readyz" if self.draining.load(Ordering::Acquire) => text(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "draining: the gateway is shutting down\n",
-            ),
-            "/readyz" => match tokio::time::timeout(READY_TIMEOUT, self.store.ping()).await {
-                Ok(Ok(())) => text(StatusCode::OK, "ready\n"),
-                Ok(Err(err)) => text(StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}\n")),
-                Err(_) => text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("store: no answer within {READY_TIMEOUT:?}\n"),
-                ),
-            },
-            "/metrics" => match &self.metrics {
-                Some(render) => {
-                    self.monitor.refresh_gauges(&*self.store).await;
-                    let mut response = text(StatusCode::OK, render());
-                    response.headers_mut().insert(
-                        header::CONTENT_TYPE,
-                        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-                    );
-                    response
-                }
-                None => text(StatusCode::NOT_FOUND, "no metrics recorder installed\n"),
-            },
-            _ => text(
-                StatusCode::NOT_FOUND,
-                "GET /metrics, /healthz, /readyz, /api/keys or /ui\n",
-            ),
-        }
-    }
-
-    /// The pages and forms under `/ui`.
-    async fn ui<B>(&self, request: Request<B>, peer: Option<IpAddr>) -> Response<GatewayBody>
-    where
-        B: http_body::Body,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    {
-        let session_id = request
-            .headers()
-            .get(header::COOKIE)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|cookies| form::cookie(cookies, session::COOKIE))
-            .map(str::to_owned);
+    /// Who sent a request to `/ui` with `headers` from `peer`: a live session's cookie, or the
+    /// bearer header (or no token set) grants the page. `Err` is how long a peer that sent
+    /// too many wrong tokens must wait, when it sent another.
+    fn visitor(&self, headers: &HeaderMap, peer: Option<IpAddr>) -> Result<Visitor, Duration> {
+        let session_id = session::cookie_of(headers);
         let session_csrf = session_id
             .as_deref()
             .and_then(|id| self.sessions.csrf_of(id));
-        // The CSRF token of this visitor, when it may see the page.
         let access = match session_csrf {
             Some(csrf) => Some((csrf, true)),
-            None => match self.bearer(&request, peer) {
+            None => match self.bearer(headers, peer) {
                 Access::Granted => Some((self.sessions.process_csrf().to_owned(), false)),
                 Access::Refused => None,
-                Access::Throttled(wait) => {
-                    return throttled(
-                        ui::login_page(StatusCode::TOO_MANY_REQUESTS, Some(TOO_MANY)),
-                        wait,
-                    );
-                }
+                Access::Throttled(wait) => return Err(wait),
             },
         };
-        let method = request.method().clone();
-        let path = request.uri().path().to_owned();
-        match (method, path.as_str()) {
-            (Method::GET | Method::HEAD, "/ui") => match access {
-                Some((csrf, session)) => {
-                    let page = ui::Page {
-                        store: &*self.store,
-                        metrics: self.metrics.as_ref(),
-                        monitor: &self.monitor,
-                        csrf: &csrf,
-                        session,
-                    };
-                    page.render().await
-                }
-                None => challenge(ui::login_page(StatusCode::UNAUTHORIZED, None)),
-            },
-            (Method::GET | Method::HEAD, "/ui/login") => ui::login_page(StatusCode::OK, None),
-            (Method::POST, "/ui/login") => {
-                let Some(token) = &self.token else {
-                    return ui::redirect("/ui", None);
-                };
-                let form = read_form(request.into_body()).await;
-                let given = form::value(&form, "token").unwrap_or_default();
-                match self.check(given.as_bytes(), token, peer) {
-                    Access::Granted => {}
-                    Access::Refused => {
-                        return challenge(ui::login_page(
-                            StatusCode::UNAUTHORIZED,
-                            Some("Wrong token."),
-                        ));
-                    }
-                    Access::Throttled(wait) => {
-                        return throttled(
-                            ui::login_page(StatusCode::TOO_MANY_REQUESTS, Some(TOO_MANY)),
-                            wait,
-                        );
-                    }
-                }
-                let id = self.sessions.open();
-                let cookie = format!(
-                    "{}={id}; Path=/ui; HttpOnly; SameSite=Strict; Max-Age={}",
-                    session::COOKIE,
-                    session::LIFETIME.as_secs()
-                );
-                ui::redirect("/ui", Some(&cookie))
-            }
-            (Method::POST, "/ui/logout") => {
-                if let Some(id) = &session_id {
-                    self.sessions.close(id);
-                }
-                let cookie = format!(
-                    "{}=; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=0",
-                    session::COOKIE
-                );
-                ui::redirect("/ui", Some(&cookie))
-            }
-            (Method::POST, "/ui/delete") => {
-                let Some((csrf, _)) = access else {
-                    return challenge(ui::login_page(StatusCode::UNAUTHORIZED, None));
-                };
-                let form = read_form(request.into_body()).await;
-                let given = form::value(&form, "csrf").unwrap_or_default();
-                if !same(given.as_bytes(), csrf.as_bytes()) {
-                    return text(
-                        StatusCode::FORBIDDEN,
-                        "a stale or foreign form: reload /ui\n",
-                    );
-                }
-                let key = match record_key(
-                    form::value(&form, "key").unwrap_or_default(),
-                    form::value(&form, "scope").unwrap_or_default(),
-                    ArgNames::PARAMS,
-                ) {
-                    Ok(key) => key,
-                    Err(err) => return text(StatusCode::BAD_REQUEST, format!("{err}\n")),
-                };
-                match self.store.delete(&key).await {
-                    Ok(deleted) => {
-                        tracing::info!(key = %key, deleted, "admin: record deleted from /ui");
-                        ui::redirect("/ui", None)
-                    }
-                    Err(err) => text(StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}\n")),
-                }
-            }
-            (_, "/ui") => with_allow(
-                text(StatusCode::METHOD_NOT_ALLOWED, NOT_ALLOWED),
-                "GET, HEAD",
-            ),
-            (_, "/ui/login") => with_allow(
-                text(StatusCode::METHOD_NOT_ALLOWED, NOT_ALLOWED),
-                "GET, HEAD, POST",
-            ),
-            (_, "/ui/logout" | "/ui/delete") => {
-                with_allow(text(StatusCode::METHOD_NOT_ALLOWED, NOT_ALLOWED), "POST")
-            }
-            _ => text(StatusCode::NOT_FOUND, "no such page\n"),
-        }
+        Ok(Visitor {
+            peer,
+            session_id,
+            access,
+        })
+    }
+
+    /// The admin listener's routes, behind [`guard`].
+    fn router(self) -> Router {
+        let probe = |route: MethodRouter<Admin>| {
+            only(route, "GET, HEAD", || {
+                text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n")
+            })
+        };
+        Router::new()
+            .route(
+                "/healthz",
+                probe(get(|| async { text(StatusCode::OK, "ok\n") })),
+            )
+            .route("/readyz", probe(get(readyz)))
+            .route("/metrics", probe(get(metrics)))
+            .merge(api::routes())
+            .merge(ui::routes())
+            .fallback(|| async {
+                text(
+                    StatusCode::NOT_FOUND,
+                    "GET /metrics, /healthz, /readyz, /api/keys or /ui\n",
+                )
+            })
+            .layer(middleware::from_fn_with_state(self.clone(), guard))
+            .layer(DefaultBodyLimit::max(MAX_FORM))
+            .with_state(self)
     }
 
     /// Serves the admin endpoints on `listener` until `shutdown` resolves.
@@ -426,27 +297,14 @@ impl Admin {
                 }
             })
         });
-        let builder = auto::Builder::new(TokioExecutor::new());
-        let mut shutdown = std::pin::pin!(shutdown);
-        loop {
-            tokio::select! {
-                accepted = listener.accept() => {
-                    let Ok((stream, peer)) = accepted else {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    };
-                    let admin = self.clone();
-                    let service = service_fn(move |request: Request<Incoming>| {
-                        let admin = admin.clone();
-                        async move { Ok::<_, Infallible>(admin.handle(request, Some(peer.ip())).await) }
-                    });
-                    let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-                    tokio::spawn(async move {
-                        let _ = connection.await;
-                    });
-                }
-                () = &mut shutdown => break,
-            }
+        let app = self
+            .router()
+            .into_make_service_with_connect_info::<SocketAddr>();
+        // On `shutdown` the listener stops accepting; the connections it accepted finish on
+        // their own tasks.
+        tokio::select! {
+            _ = axum::serve(listener, app) => {}
+            () = shutdown => {}
         }
         if let Some(sampler) = sampler {
             sampler.abort();
@@ -454,21 +312,74 @@ impl Admin {
     }
 }
 
-/// The pairs of a form body of at most 16 KiB (none when it is larger or unreadable).
-async fn read_form<B>(body: B) -> Vec<(String, String)>
-where
-    B: http_body::Body,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    use http_body_util::BodyExt as _;
-    let Ok(collected) = http_body_util::Limited::new(body, 16 * 1024)
-        .collect()
-        .await
-    else {
-        return Vec::new();
+/// Runs before every route: refuses a key API or `/ui` request addressed by a host name when no
+/// token is set (see [`addressed_directly`]); finds the [`Visitor`] of `/ui`, which checks its
+/// own session or token; and checks the bearer token of everything else (401, or 429 for a
+/// throttled peer).
+async fn guard(State(admin): State<Admin>, mut request: Request, next: Next) -> Response {
+    let peer = peer_of(&request);
+    let path = request.uri().path();
+    let ui = path == "/ui" || path.starts_with("/ui/");
+    let key_api = path
+        .strip_prefix(api::PREFIX)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
+    if (ui || key_api) && admin.token.is_none() && !addressed_directly(&request) {
+        tracing::warn!(
+            path,
+            "admin: refused a request addressed by a host name, without a token"
+        );
+        return refusal(key_api, StatusCode::FORBIDDEN, NOT_DIRECT);
+    }
+    if ui {
+        match admin.visitor(request.headers(), peer) {
+            Ok(visitor) => {
+                request.extensions_mut().insert(visitor);
+            }
+            Err(wait) => return ui::too_many(wait),
+        }
+    } else {
+        match admin.bearer(request.headers(), peer) {
+            Access::Granted => {}
+            Access::Refused => return unauthorized(),
+            Access::Throttled(wait) => {
+                let refused = refusal(key_api, StatusCode::TOO_MANY_REQUESTS, TOO_MANY);
+                return throttled(refused, wait);
+            }
+        }
+    }
+    next.run(request).await
+}
+
+/// `GET /readyz`: 200 when the store answers and the gateway is not draining, 503 otherwise.
+async fn readyz(State(admin): State<Admin>) -> Response {
+    if admin.draining.load(Ordering::Acquire) {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "draining: the gateway is shutting down\n",
+        );
+    }
+    match tokio::time::timeout(READY_TIMEOUT, admin.store.ping()).await {
+        Ok(Ok(())) => text(StatusCode::OK, "ready\n"),
+        Ok(Err(err)) => text(StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}\n")),
+        Err(_) => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("store: no answer within {READY_TIMEOUT:?}\n"),
+        ),
+    }
+}
+
+/// `GET /metrics`: the Prometheus text, the store's gauges refreshed first.
+async fn metrics(State(admin): State<Admin>) -> Response {
+    let Some(render) = &admin.metrics else {
+        return text(StatusCode::NOT_FOUND, "no metrics recorder installed\n");
     };
-    let bytes = collected.to_bytes();
-    std::str::from_utf8(&bytes).map_or_else(|_| Vec::new(), form::pairs)
+    admin.monitor.refresh_gauges(&*admin.store).await;
+    let mut response = text(StatusCode::OK, render());
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response
 }
 
 #[cfg(test)]

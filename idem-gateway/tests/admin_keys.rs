@@ -215,7 +215,10 @@ async fn the_key_api_pages_filters_and_escapes_keys() {
     loop {
         let mut url = format!("{admin}/api/keys?limit=2&state=completed");
         if let Some(c) = &cursor {
-            url.push_str(&format!("&cursor={}", idem_gateway::admin::form::encode(c)));
+            url.push_str(&format!(
+                "&cursor={}",
+                idem_gateway::admin::client::encode(c)
+            ));
         }
         let reply = http.send(Method::GET, &url, &[], "").await;
         assert_eq!(reply.status, 200, "{}", reply.text());
@@ -230,7 +233,7 @@ async fn the_key_api_pages_filters_and_escapes_keys() {
 
     let key_url = format!(
         "{admin}/api/keys/{}",
-        idem_gateway::admin::form::encode(odd)
+        idem_gateway::admin::client::encode(odd)
     );
     let one = http.send(Method::GET, &key_url, &[], "").await;
     assert_eq!(one.status, 200, "{}", one.text());
@@ -509,7 +512,7 @@ async fn the_page_needs_a_login_escapes_keys_and_deletes_only_with_its_csrf_toke
         .unwrap()
         .to_owned();
 
-    let key_field = idem_gateway::admin::form::encode(hostile);
+    let key_field = idem_gateway::admin::client::encode(hostile);
     let delete = |cookie: Option<&str>, csrf: &str| {
         let mut headers = vec![("content-type", "application/x-www-form-urlencoded")];
         if let Some(cookie) = cookie {
@@ -554,6 +557,104 @@ async fn the_page_needs_a_login_escapes_keys_and_deletes_only_with_its_csrf_toke
         )
         .await;
     assert_eq!(page.status, 200);
+}
+
+/// The session cookie is `Secure` when the browser reached the listener over HTTPS, through a
+/// proxy that says so (`X-Forwarded-Proto: https`), and not over plain HTTP, where a browser
+/// would drop a `Secure` cookie; before, it was never `Secure`. Logging out removes it with the
+/// same flags.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_cookie_is_secure_behind_an_https_proxy() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config_with(fixture.addr, "", &with_token())).await;
+    let admin = gateway.admin.clone().unwrap();
+    let http = Http::new();
+    let form = ("content-type", "application/x-www-form-urlencoded");
+    let plain = log_in(&http, &admin, TOKEN).await;
+    assert_eq!(plain.status, 303);
+    let cookie = plain.header("set-cookie").unwrap().to_owned();
+    assert!(!cookie.contains("Secure"), "{cookie}");
+    let login = format!("{admin}/ui/login");
+    let proxied = http
+        .send(
+            Method::POST,
+            &login,
+            &[form, ("x-forwarded-proto", "https")],
+            format!("token={TOKEN}"),
+        )
+        .await;
+    assert_eq!(proxied.status, 303);
+    let cookie = proxied.header("set-cookie").unwrap().to_owned();
+    for flag in ["Secure", "HttpOnly", "SameSite=Strict", "Path=/ui"] {
+        assert!(cookie.contains(flag), "{flag} not in {cookie}");
+    }
+    let session = cookie.split(';').next().unwrap().to_owned();
+    let logout = http
+        .send(
+            Method::POST,
+            &format!("{admin}/ui/logout"),
+            &[("cookie", &session), ("x-forwarded-proto", "https")],
+            "",
+        )
+        .await;
+    assert_eq!(logout.status, 303);
+    let removal = logout.header("set-cookie").unwrap();
+    assert!(
+        removal.contains("Max-Age=0") && removal.contains("Secure"),
+        "{removal}"
+    );
+    // The session is over: the cookie no longer opens the page.
+    let page = http
+        .send(
+            Method::GET,
+            &format!("{admin}/ui"),
+            &[("cookie", &session)],
+            "",
+        )
+        .await;
+    assert_eq!(page.status, 401);
+}
+
+/// What the listener's framework decides for it stays the listener's: a login form over 16 KiB
+/// reads as a form without the token (401, not the framework's 413), a query that names a
+/// parameter twice is the key API's JSON 400 (not plain text), and the listener speaks HTTP/2
+/// with prior knowledge as well as HTTP/1.1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_forms_repeated_parameters_and_http2_are_answered_by_the_admin_rules() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config_with(fixture.addr, "", &with_token())).await;
+    let admin = gateway.admin.clone().unwrap();
+    let http = Http::new();
+    let padded = format!("{TOKEN}&pad={}", "x".repeat(20 * 1024));
+    let large = log_in(&http, &admin, &padded).await;
+    assert_eq!(large.status, 401, "{}", large.text());
+    assert!(large.header("set-cookie").is_none());
+    assert!(large.text().contains("Wrong token."));
+    assert_eq!(log_in(&http, &admin, TOKEN).await.status, 303);
+
+    let bearer = format!("Bearer {TOKEN}");
+    let twice = http
+        .send(
+            Method::GET,
+            &format!("{admin}/api/keys?state=completed&state=failed"),
+            &[("authorization", bearer.as_str())],
+            "",
+        )
+        .await;
+    assert_eq!(twice.status, 400, "{}", twice.text());
+    let json: serde_json::Value = serde_json::from_slice(&twice.body).unwrap();
+    assert!(json["error"].as_str().unwrap().contains("state"), "{json}");
+
+    let h2 = common::try_post(
+        &format!("{admin}/healthz"),
+        &[("authorization", bearer.as_str())],
+        true,
+    )
+    .await
+    .unwrap();
+    assert_eq!(h2.version, http::Version::HTTP_2);
+    assert_eq!(h2.status, 405);
+    assert_eq!(h2.headers.get("allow").unwrap(), "GET, HEAD");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use http::Request;
 use http::header;
+use subtle::ConstantTimeEq as _;
 
 /// Wrong tokens a peer may send within [`WINDOW`] before its wrong tokens are answered 429.
 pub const MAX_FAILURES: u32 = 10;
@@ -16,9 +17,10 @@ pub const WINDOW: Duration = Duration::from_secs(60);
 /// At most this many peers are remembered (those whose window ended go first).
 const MAX_PEERS: usize = 4096;
 
-/// Compares without stopping at the first difference.
+/// Compares two secrets in constant time (`subtle`): the time taken does not tell how much of
+/// a guess was right. Only the length may show, and the length of a token is no secret.
 pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    bool::from(a.ct_eq(b))
 }
 
 /// Whether `request` names this listener by an IP address or `localhost` (or names no host).
@@ -153,6 +155,15 @@ mod tests {
             request = request.header(header::HOST, host);
         }
         request.body(()).unwrap()
+    }
+
+    #[test]
+    fn same_compares_whole_secrets() {
+        assert!(same(b"admin-test-token", b"admin-test-token"));
+        assert!(!same(b"admin-test-token", b"admin-test-tokeN"));
+        assert!(!same(b"admin-test-token", b"admin-test-toke"));
+        assert!(!same(b"", b"admin-test-token"));
+        assert!(same(b"", b""));
     }
 
     #[test]

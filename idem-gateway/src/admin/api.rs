@@ -16,13 +16,18 @@
 //! each `{"error": "..."}`; an error names the query parameter (`state: ...`), or `key` for the
 //! path's key, and shows at most the first 64 characters of a bad cursor.
 
+use axum::Router;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
 use http::header::{self, HeaderValue};
-use http::{Method, Response, StatusCode};
+use http::{Method, StatusCode};
 use idem_core::{RecordKey, Store, StoreError};
+use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::form;
-use crate::body::{GatewayBody, full};
+use super::{Admin, only};
 use crate::config::ConfigError;
 use crate::records::{ArgNames, record_json, record_key, scan_query, unreadable_json};
 
@@ -31,9 +36,8 @@ pub const PREFIX: &str = "/api/keys";
 
 /// A JSON response.
 #[must_use]
-pub fn json_response(status: StatusCode, value: &Value) -> Response<GatewayBody> {
-    let mut response = Response::new(full(value.to_string()));
-    *response.status_mut() = status;
+pub fn json_response(status: StatusCode, value: &Value) -> Response {
+    let mut response = (status, value.to_string()).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
@@ -42,65 +46,96 @@ pub fn json_response(status: StatusCode, value: &Value) -> Response<GatewayBody>
 }
 
 /// A JSON error: `{"error": MESSAGE}`.
-pub(crate) fn error(status: StatusCode, message: impl std::fmt::Display) -> Response<GatewayBody> {
+pub(crate) fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
     json_response(status, &json!({ "error": message.to_string() }))
 }
 
-fn bad_request(err: &ConfigError) -> Response<GatewayBody> {
+fn bad_request(err: &ConfigError) -> Response {
     error(StatusCode::BAD_REQUEST, err)
 }
 
-/// Answers a request whose path starts with [`PREFIX`].
-pub async fn handle(
-    store: &dyn Store,
-    method: &Method,
-    path: &str,
-    query: Option<&str>,
-) -> Response<GatewayBody> {
-    let params = form::pairs(query.unwrap_or_default());
-    let rest = path.strip_prefix(PREFIX).unwrap_or_default();
-    if rest.is_empty() || rest == "/" {
-        if method != Method::GET && method != Method::HEAD {
-            return super::with_allow(
-                error(StatusCode::METHOD_NOT_ALLOWED, "GET lists the records"),
-                "GET, HEAD",
-            );
-        }
-        return list(store, &params).await;
-    }
-    let Some(encoded) = rest.strip_prefix('/') else {
-        return error(StatusCode::NOT_FOUND, "GET or DELETE /api/keys/KEY");
-    };
-    let Some(key) = form::decode(encoded, false) else {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "key: not a percent-encoded key (a key holds only printable ASCII)",
-        );
-    };
-    let scope = form::value(&params, "scope").unwrap_or_default();
-    let key = match record_key(&key, scope, ArgNames::PARAMS) {
-        Ok(key) => key,
-        Err(err) => return bad_request(&err),
-    };
-    match *method {
-        Method::GET | Method::HEAD => get(store, &key).await,
-        Method::DELETE => match store.delete(&key).await {
-            Ok(deleted) => {
-                if deleted {
-                    tracing::info!(key = %key, "admin: record deleted");
-                }
-                json_response(StatusCode::OK, &json!({ "deleted": deleted }))
-            }
-            Err(err) => error(StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}")),
-        },
-        _ => super::with_allow(
-            error(StatusCode::METHOD_NOT_ALLOWED, "GET or DELETE"),
-            "GET, HEAD, DELETE",
-        ),
+/// The query parameters of the key API (each optional; others are ignored).
+#[derive(Debug, Default, Deserialize)]
+struct Params {
+    state: Option<String>,
+    older_than: Option<String>,
+    limit: Option<String>,
+    cursor: Option<String>,
+    scope: Option<String>,
+}
+
+/// A request the key API refuses before asking the store: 400 and its reason, answered as
+/// `{"error": REASON}`.
+struct BadRequest(String);
+
+impl IntoResponse for BadRequest {
+    fn into_response(self) -> Response {
+        error(StatusCode::BAD_REQUEST, self.0)
     }
 }
 
-async fn get(store: &dyn Store, key: &RecordKey) -> Response<GatewayBody> {
+/// The query parameters, or why the query does not read as them (a parameter given twice).
+fn params(query: Result<Query<Params>, QueryRejection>) -> Result<Params, BadRequest> {
+    query
+        .map(|Query(params)| params)
+        .map_err(|rejection| BadRequest(rejection.body_text()))
+}
+
+/// The routes under [`PREFIX`]: the list, and one record by its percent-encoded key.
+pub(super) fn routes() -> Router<Admin> {
+    let list_route = || {
+        only(get(list), "GET, HEAD", || {
+            error(StatusCode::METHOD_NOT_ALLOWED, "GET lists the records")
+        })
+    };
+    let key_route = only(get(one).delete(one), "GET, HEAD, DELETE", || {
+        error(StatusCode::METHOD_NOT_ALLOWED, "GET or DELETE")
+    });
+    Router::new()
+        .route(PREFIX, list_route())
+        .route(&format!("{PREFIX}/"), list_route())
+        .route(&format!("{PREFIX}/{{*key}}"), key_route)
+}
+
+/// The record key a request names: the path's key (percent-decoded by axum) and the `scope`
+/// parameter.
+fn key_of(
+    key: Result<Path<String>, PathRejection>,
+    query: Result<Query<Params>, QueryRejection>,
+) -> Result<RecordKey, BadRequest> {
+    let Ok(Path(key)) = key else {
+        return Err(BadRequest(
+            "key: not a percent-encoded key (a key holds only printable ASCII)".to_owned(),
+        ));
+    };
+    let scope = params(query)?.scope.unwrap_or_default();
+    record_key(&key, &scope, ArgNames::PARAMS).map_err(|err| BadRequest(err.to_string()))
+}
+
+/// `GET` (and `HEAD`) or `DELETE` `/api/keys/KEY?scope=S`.
+async fn one(
+    State(admin): State<Admin>,
+    method: Method,
+    key: Result<Path<String>, PathRejection>,
+    query: Result<Query<Params>, QueryRejection>,
+) -> Result<Response, BadRequest> {
+    let key = key_of(key, query)?;
+    if method != Method::DELETE {
+        return Ok(get_record(&*admin.store, &key).await);
+    }
+    Ok(match admin.store.delete(&key).await {
+        Ok(deleted) => {
+            if deleted {
+                tracing::info!(key = %key, "admin: record deleted");
+            }
+            json_response(StatusCode::OK, &json!({ "deleted": deleted }))
+        }
+        Err(err) => error(StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}")),
+    })
+}
+
+/// The record at `key` as JSON, or 404.
+async fn get_record(store: &dyn Store, key: &RecordKey) -> Response {
     match store.get(key).await {
         Ok(Some(record)) => json_response(StatusCode::OK, &record_json(&record)),
         Ok(None) => error(StatusCode::NOT_FOUND, format!("no record at {key}")),
@@ -124,8 +159,16 @@ fn shown(value: &str) -> String {
     }
 }
 
-async fn list(store: &dyn Store, params: &[(String, String)]) -> Response<GatewayBody> {
-    let limit = match form::value(params, "limit").map(str::parse::<usize>) {
+/// `GET` (and `HEAD`) `/api/keys?state=S&older_than=D&limit=N&cursor=C`.
+async fn list(
+    State(admin): State<Admin>,
+    query: Result<Query<Params>, QueryRejection>,
+) -> Response {
+    let params = match params(query) {
+        Ok(params) => params,
+        Err(refused) => return refused.into_response(),
+    };
+    let limit = match params.limit.as_deref().map(str::parse::<usize>) {
         None => idem_core::ScanQuery::DEFAULT_LIMIT,
         Some(Ok(limit)) => limit,
         Some(Err(err)) => {
@@ -133,16 +176,16 @@ async fn list(store: &dyn Store, params: &[(String, String)]) -> Response<Gatewa
         }
     };
     let mut query = match scan_query(
-        form::value(params, "state"),
-        form::value(params, "older_than"),
+        params.state.as_deref(),
+        params.older_than.as_deref(),
         limit,
         ArgNames::PARAMS,
     ) {
         Ok(query) => query,
         Err(err) => return bad_request(&err),
     };
-    query.cursor = form::value(params, "cursor").map(str::to_owned);
-    match store.scan(&query).await {
+    query.cursor = params.cursor;
+    match admin.store.scan(&query).await {
         Ok(page) => {
             let records: Vec<Value> = page.records.iter().map(record_json).collect();
             let unreadable: Vec<Value> = page.unreadable.iter().map(unreadable_json).collect();

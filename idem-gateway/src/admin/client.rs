@@ -11,13 +11,28 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idem_core::{RecordKey, ScanQuery};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde_json::Value;
 
 use super::api::PREFIX;
-use super::form::encode;
 use crate::commands::Failure;
 use crate::config::ConfigError;
 use crate::proxy::error_chain;
+
+/// What [`encode`] escapes: everything but the unreserved characters of RFC 3986
+/// (`A-Z a-z 0-9 - . _ ~`).
+const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// Percent-encodes `text` for a URL path segment or a query value (a key in the key API's
+/// path, a cursor in its query).
+#[must_use]
+pub fn encode(text: &str) -> String {
+    utf8_percent_encode(text, COMPONENT).to_string()
+}
 
 /// How long one admin request may take.
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -169,5 +184,17 @@ impl AdminClient {
         }
         let cursor = value["next_cursor"].as_str().map(str::to_owned);
         Ok((records, cursor))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::encode;
+
+    #[test]
+    fn encoding_escapes_all_but_the_unreserved() {
+        assert_eq!(encode("a b/c"), "a%20b%2Fc");
+        assert_eq!(encode("Az09-._~"), "Az09-._~");
+        assert_eq!(encode("?&=%+é"), "%3F%26%3D%25%2B%C3%A9");
     }
 }

@@ -1,14 +1,18 @@
 //! The sessions of the operator page: a browser cannot send a bearer header from a link, so
 //! `POST /ui/login` with the admin token opens a session held in this process and names it in
-//! an `HttpOnly; SameSite=Strict` cookie. Each session carries its own CSRF token, which every
-//! form of the page repeats; requests that come with the bearer header (or to a listener
-//! without a token) use the process's CSRF token instead. Sessions end after 12 hours, on
-//! logout, or when the process stops.
+//! an `HttpOnly; SameSite=Strict` cookie (with `Secure` when the browser reached the listener
+//! over HTTPS, through a proxy that says so), written and read by the `cookie` crate. Each
+//! session carries its own CSRF token, which every form of the page repeats; requests that come
+//! with the bearer header (or to a listener without a token) use the process's CSRF token
+//! instead. Sessions end after 12 hours, on logout, or when the process stops.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use cookie::{Cookie, SameSite};
+use http::HeaderMap;
+use http::header;
 use idem_core::OwnerToken;
 
 use super::access::same;
@@ -111,6 +115,48 @@ impl Sessions {
     }
 }
 
+/// The session id the `Cookie` headers of a request name, if any (a request may split its
+/// cookies over several headers).
+#[must_use]
+pub fn cookie_of(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(Cookie::split_parse)
+        .filter_map(Result::ok)
+        .find(|cookie| cookie.name() == COOKIE)
+        .map(|cookie| cookie.value().to_owned())
+}
+
+/// Whether the browser reached the listener over HTTPS: the request's URI says so, or a proxy
+/// in front of the listener did (`X-Forwarded-Proto: https`). The session cookie is then
+/// `Secure`. A forged header only makes the cookie stricter.
+#[must_use]
+pub fn over_https(uri: &http::Uri, headers: &HeaderMap) -> bool {
+    uri.scheme_str() == Some("https")
+        || headers
+            .get("x-forwarded-proto")
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|proto| proto.trim().eq_ignore_ascii_case("https"))
+}
+
+/// The `Set-Cookie` value that names the session `id` for [`LIFETIME`], or with `None`
+/// removes the cookie.
+#[must_use]
+pub fn set_cookie(id: Option<&str>, secure: bool) -> String {
+    let lifetime = id.map_or(0, |_| LIFETIME.as_secs());
+    Cookie::build((COOKIE, id.unwrap_or_default()))
+        .path("/ui")
+        .http_only(true)
+        .same_site(SameSite::Strict)
+        .secure(secure)
+        .max_age(cookie::time::Duration::seconds(
+            i64::try_from(lifetime).unwrap_or(i64::MAX),
+        ))
+        .to_string()
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -130,5 +176,23 @@ mod tests {
         sessions.close(&a);
         assert_eq!(sessions.csrf_of(&a), None);
         assert!(sessions.csrf_of(&b).is_some());
+    }
+
+    #[test]
+    fn the_cookie_is_http_only_strict_and_read_back() {
+        let id = "a".repeat(64);
+        let set = set_cookie(Some(&id), false);
+        for part in ["HttpOnly", "SameSite=Strict", "Path=/ui", "Max-Age=43200"] {
+            assert!(set.contains(part), "{part} not in {set}");
+        }
+        assert!(!set.contains("Secure"), "{set}");
+        assert!(set_cookie(Some(&id), true).contains("Secure"));
+        assert!(set_cookie(None, false).contains("Max-Age=0"));
+        let mut headers = HeaderMap::new();
+        headers.append(header::COOKIE, "a=1; other=2".parse().unwrap());
+        assert_eq!(cookie_of(&headers), None);
+        let pair = set.split(';').next().unwrap();
+        headers.append(header::COOKIE, format!("b=3; {pair}").parse().unwrap());
+        assert_eq!(cookie_of(&headers), Some(id));
     }
 }

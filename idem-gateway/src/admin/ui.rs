@@ -10,15 +10,21 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use axum::extract::rejection::FormRejection;
+use axum::extract::{Extension, Form, State as Shared};
+use axum::response::Response;
+use axum::routing::{MethodRouter, any, get, post};
+use axum::{Router, body::Body};
 use http::header::{self, HeaderValue};
-use http::{Response, StatusCode};
+use http::{HeaderMap, StatusCode};
 use idem_core::{Clock, Record, ScanQuery, State, Store, SystemClock, Timestamp};
+use serde::Deserialize;
 
-use super::RenderMetrics;
-use super::form::html;
+use super::access::same;
 use super::monitor::{InFlight, Monitor, scan_all};
-use crate::body::{GatewayBody, full};
-use crate::records::time;
+use super::{Access, Admin, NOT_ALLOWED, RenderMetrics, TOO_MANY, Visitor, session};
+use super::{challenge, only, text, throttled};
+use crate::records::{ArgNames, record_key, time};
 
 /// How many recent completions and failures the page lists.
 const RECENT: usize = 20;
@@ -32,10 +38,28 @@ th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums}\
 code{font-size:12px}.lapsed{color:#b00}.err{color:#b00}\
 form.inline{display:inline;margin:0}button{cursor:pointer}";
 
+/// Escapes `text` for HTML text and for attribute values in double or single quotes: `&`,
+/// `<`, `>`, `"` and `'`, as `&amp;`, `&lt;`, `&gt;`, `&quot;` and `&#39;`.
+#[must_use]
+pub fn html(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// An HTML response with the page's security headers.
 #[must_use]
-pub fn html_response(status: StatusCode, body: String) -> Response<GatewayBody> {
-    let mut response = Response::new(full(body));
+pub fn html_response(status: StatusCode, body: String) -> Response {
+    let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
     let headers = response.headers_mut();
     for (name, value) in [
@@ -56,7 +80,7 @@ pub fn html_response(status: StatusCode, body: String) -> Response<GatewayBody> 
 
 /// A `303 See Other` to `location`, setting `cookie` when given.
 #[must_use]
-pub fn redirect(location: &'static str, cookie: Option<&str>) -> Response<GatewayBody> {
+pub fn redirect(location: &'static str, cookie: Option<&str>) -> Response {
     let mut response = html_response(StatusCode::SEE_OTHER, String::new());
     response
         .headers_mut()
@@ -77,7 +101,7 @@ fn document(title: &str, body: &str) -> String {
 
 /// The login form (`status` 401 when the token was missing or wrong).
 #[must_use]
-pub fn login_page(status: StatusCode, message: Option<&str>) -> Response<GatewayBody> {
+pub fn login_page(status: StatusCode, message: Option<&str>) -> Response {
     let message = message
         .map(|m| format!("<p class=\"err\">{}</p>", html(m)))
         .unwrap_or_default();
@@ -88,6 +112,138 @@ pub fn login_page(status: StatusCode, message: Option<&str>) -> Response<Gateway
 <button type=\"submit\" id=\"login\">Sign in</button></form>\n"
     );
     html_response(status, document("idem admin: sign in", &body))
+}
+
+/// The routes under `/ui`; each handler finds the [`Visitor`] the guard put on the request.
+pub(super) fn routes() -> Router<Admin> {
+    let not_allowed = || text(StatusCode::METHOD_NOT_ALLOWED, NOT_ALLOWED);
+    let login_form = get(|| async { login_page(StatusCode::OK, None) }).post(login);
+    let form_only = |route: MethodRouter<Admin>| only(route, "POST", not_allowed);
+    Router::new()
+        .route("/ui", only(get(page), "GET, HEAD", not_allowed))
+        .route(
+            "/ui/login",
+            only(login_form, "GET, HEAD, POST", not_allowed),
+        )
+        .route("/ui/logout", form_only(post(logout)))
+        .route("/ui/delete", form_only(post(delete)))
+        .route(
+            "/ui/{*rest}",
+            any(|| async { text(StatusCode::NOT_FOUND, "no such page\n") }),
+        )
+}
+
+/// The login form of a peer that sent too many wrong tokens: 429, after `wait`.
+pub(super) fn too_many(wait: Duration) -> Response {
+    throttled(
+        login_page(StatusCode::TOO_MANY_REQUESTS, Some(TOO_MANY)),
+        wait,
+    )
+}
+
+/// The login form of a visitor without access: 401, with its challenge.
+fn sign_in() -> Response {
+    challenge(login_page(StatusCode::UNAUTHORIZED, None))
+}
+
+/// `GET /ui`: the page, or the login form for a visitor without access.
+async fn page(Shared(admin): Shared<Admin>, Extension(visitor): Extension<Visitor>) -> Response {
+    let Some((csrf, session)) = visitor.access else {
+        return sign_in();
+    };
+    let page = Page {
+        store: &*admin.store,
+        metrics: admin.metrics.as_ref(),
+        monitor: &admin.monitor,
+        csrf: &csrf,
+        session,
+    };
+    page.render().await
+}
+
+/// The field of the login form.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Login {
+    token: String,
+}
+
+/// `POST /ui/login`: the right token opens a session and sets its cookie; a wrong one is the
+/// form again (401), or 429 for a peer that sent too many.
+async fn login(
+    Shared(admin): Shared<Admin>,
+    Extension(visitor): Extension<Visitor>,
+    uri: http::Uri,
+    headers: HeaderMap,
+    form: Result<Form<Login>, FormRejection>,
+) -> Response {
+    let Some(token) = &admin.token else {
+        return redirect("/ui", None);
+    };
+    // A body that is not a form (or is too large) is a form without a token.
+    let given = form.map(|Form(login)| login.token).unwrap_or_default();
+    match admin.check(given.as_bytes(), token, visitor.peer) {
+        Access::Granted => {}
+        Access::Refused => {
+            return challenge(login_page(StatusCode::UNAUTHORIZED, Some("Wrong token.")));
+        }
+        Access::Throttled(wait) => return too_many(wait),
+    }
+    let id = admin.sessions.open();
+    let secure = session::over_https(&uri, &headers);
+    redirect("/ui", Some(&session::set_cookie(Some(&id), secure)))
+}
+
+/// `POST /ui/logout`: ends the session and removes its cookie.
+async fn logout(
+    Shared(admin): Shared<Admin>,
+    Extension(visitor): Extension<Visitor>,
+    uri: http::Uri,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(id) = &visitor.session_id {
+        admin.sessions.close(id);
+    }
+    let secure = session::over_https(&uri, &headers);
+    redirect("/ui", Some(&session::set_cookie(None, secure)))
+}
+
+/// The fields of a Delete button's form.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Delete {
+    key: String,
+    scope: String,
+    csrf: String,
+}
+
+/// `POST /ui/delete`: deletes the record, when the form carries the visitor's CSRF token.
+async fn delete(
+    Shared(admin): Shared<Admin>,
+    Extension(visitor): Extension<Visitor>,
+    form: Result<Form<Delete>, FormRejection>,
+) -> Response {
+    let Some((csrf, _)) = visitor.access else {
+        return sign_in();
+    };
+    let form = form.map(|Form(form)| form).unwrap_or_default();
+    if !same(form.csrf.as_bytes(), csrf.as_bytes()) {
+        return text(
+            StatusCode::FORBIDDEN,
+            "a stale or foreign form: reload /ui\n",
+        );
+    }
+    let key = match record_key(&form.key, &form.scope, ArgNames::PARAMS) {
+        Ok(key) => key,
+        Err(err) => return text(StatusCode::BAD_REQUEST, format!("{err}\n")),
+    };
+    match admin.store.delete(&key).await {
+        Ok(deleted) => {
+            tracing::info!(key = %key, deleted, "admin: record deleted from /ui");
+            redirect("/ui", None)
+        }
+        Err(err) => text(StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}\n")),
+    }
 }
 
 /// A duration for people: `850ms`, `12.3s`, `4m 10s`.
@@ -139,7 +295,7 @@ pub struct Page<'a> {
 
 impl Page<'_> {
     /// Renders the page.
-    pub async fn render(&self) -> Response<GatewayBody> {
+    pub async fn render(&self) -> Response {
         let now = SystemClock.now();
         let mut body = String::from("<h1>idem admin</h1>\n");
         if self.session {
@@ -311,5 +467,19 @@ impl Page<'_> {
             );
         }
         body.push_str("</table>\n");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::html;
+
+    #[test]
+    fn html_escapes_text_and_both_quotes() {
+        assert_eq!(
+            html("<a href=\"x\">'&'</a>"),
+            "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;"
+        );
+        assert_eq!(html("plain é"), "plain é");
     }
 }
