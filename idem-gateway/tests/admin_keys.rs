@@ -504,7 +504,7 @@ async fn the_page_needs_a_login_escapes_keys_and_deletes_only_with_its_csrf_toke
     assert_eq!(page.header("x-frame-options"), Some("DENY"));
     let html = page.text();
     assert!(!html.contains(hostile), "a raw key in the page");
-    assert!(html.contains("&lt;b id=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/b&gt;"));
+    assert!(html.contains("&lt;b id=&quot;x&quot;&gt;&#x27;&amp;&#x27;&lt;/b&gt;"));
     let csrf = html
         .split("name=\"csrf\" value=\"")
         .nth(1)
