@@ -128,3 +128,33 @@ async fn a_settle_is_tried_again_on_a_retryable_error_up_to_its_tries() {
     assert!(refused.is_err_and(|error| error.is_retryable()));
     assert_eq!(store.faults.complete_failures.load(Ordering::SeqCst), 2);
 }
+
+/// Many settles refused at once (and the heartbeat among them) count one loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loss_noticed_by_many_at_once_counts_once() {
+    let recorder = CountingRecorder::default();
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    for round in 0..50 {
+        let keeper = claimed_key(
+            &store,
+            KeeperConfig::new(LEASE, BEAT).loss_label("round", round.to_string()),
+            &format!("k{round}"),
+        )
+        .await;
+        let refused = idem_core::StoreError::Rejected(idem_core::Rejection::LeaseExpired);
+        std::thread::scope(|threads| {
+            for _ in 0..8 {
+                threads.spawn(|| {
+                    metrics::with_local_recorder(&recorder, || keeper.lose(&refused));
+                });
+            }
+        });
+        assert!(keeper.is_lost());
+        assert_eq!(
+            recorder.get(&format!("idem_lease_losses_total{{round={round}}}")),
+            1
+        );
+        let mut keeper = keeper;
+        keeper.disarm();
+    }
+}
