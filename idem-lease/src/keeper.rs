@@ -5,7 +5,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use idem_core::metrics::LEASE_LOSSES;
@@ -174,7 +174,11 @@ pub struct LeaseKeeper {
     store: Arc<dyn Store>,
     config: Arc<KeeperConfig>,
     lease: Lease,
-    beat: Arc<Beat>,
+    /// When the lease ends as granted (before any heartbeat).
+    granted_until: Instant,
+    /// What the heartbeat shares, made when first needed: a claim settled before its work had
+    /// to wait costs no allocation for it.
+    beat: OnceLock<Arc<Beat>>,
     settled: bool,
 }
 
@@ -198,19 +202,34 @@ impl LeaseKeeper {
         lease: Lease,
         sent: Instant,
     ) -> Self {
-        let beat = Arc::new(Beat {
-            deadline: Mutex::new(lease_end(sent, config.lease)),
-            loss: Mutex::new(None),
-            lost: CancellationToken::new(),
-            counted: AtomicBool::new(false),
-        });
+        let granted_until = lease_end(sent, config.lease);
         LeaseKeeper {
             store,
             config,
             lease,
-            beat,
+            granted_until,
+            beat: OnceLock::new(),
             settled: false,
         }
+    }
+
+    /// What the heartbeat shares, made now if it was not yet.
+    fn beat(&self) -> &Arc<Beat> {
+        self.beat.get_or_init(|| {
+            Arc::new(Beat {
+                deadline: Mutex::new(self.granted_until),
+                loss: Mutex::new(None),
+                lost: CancellationToken::new(),
+                counted: AtomicBool::new(false),
+            })
+        })
+    }
+
+    /// When the lease ends, as far as this process knows.
+    fn ends(&self) -> Instant {
+        self.beat
+            .get()
+            .map_or(self.granted_until, |beat| *lock(&beat.deadline))
     }
 
     /// The lease held.
@@ -228,35 +247,36 @@ impl LeaseKeeper {
     /// The token fired when the lease is lost (by the heartbeat, or [`LeaseKeeper::lose`]).
     #[must_use]
     pub fn lost(&self) -> &CancellationToken {
-        &self.beat.lost
+        &self.beat().lost
     }
 
     /// Whether the lease was lost.
     #[must_use]
     pub fn is_lost(&self) -> bool {
-        self.beat.lost.is_cancelled()
+        self.beat.get().is_some_and(|beat| beat.lost.is_cancelled())
     }
 
     /// The error that lost the lease (taken once; a generic one after that, or if the lease
     /// was not lost).
     #[must_use]
     pub fn take_loss(&self) -> StoreError {
-        lock(&self.beat.loss)
-            .take()
+        self.beat
+            .get()
+            .and_then(|beat| lock(&beat.loss).take())
             .unwrap_or_else(|| StoreError::unavailable("the lease was lost"))
     }
 
     /// How long the lease has left, as far as this process knows.
     #[must_use]
     pub fn remaining(&self) -> Duration {
-        lock(&self.beat.deadline).saturating_duration_since(Instant::now())
+        self.ends().saturating_duration_since(Instant::now())
     }
 
     /// Records that the store refused a transition of this lease with `error` (the heartbeat
     /// had not noticed yet): counts the loss, unless it was counted already, and fires
     /// [`LeaseKeeper::lost`].
     pub fn lose(&self, error: &StoreError) {
-        lost(&self.config, &self.lease, &self.beat, None, error);
+        lost(&self.config, &self.lease, self.beat(), None, error);
     }
 
     /// Marks the claim settled: a drop no longer releases it.
@@ -278,7 +298,7 @@ impl LeaseKeeper {
             self.store.clone(),
             self.config.clone(),
             self.lease.clone(),
-            self.beat.clone(),
+            self.beat().clone(),
         )
     }
 
@@ -296,14 +316,14 @@ impl LeaseKeeper {
         Fut: Future<Output = Result<(), StoreError>>,
     {
         self.settled = true;
-        settle(&self.config, &self.beat, tries, send).await
+        settle(&self.config, self.ends(), tries, send).await
     }
 }
 
 /// See [`LeaseKeeper::settle_with`].
 async fn settle<F, Fut>(
     config: &KeeperConfig,
-    beat: &Beat,
+    ends: Instant,
     tries: u32,
     mut send: F,
 ) -> Result<(), StoreError>
@@ -318,7 +338,6 @@ where
             Err(error) if error.is_retryable() && tried < tries => {
                 let pause =
                     Duration::from_millis(20u64 << tried.min(6)).min(Duration::from_secs(1));
-                let ends = *lock(&beat.deadline);
                 if Instant::now() + pause >= ends {
                     return Err(error);
                 }
@@ -343,16 +362,14 @@ impl Drop for LeaseKeeper {
         };
         let store = self.store.clone();
         let config = self.config.clone();
-        let beat = self.beat.clone();
+        let ends = self.ends();
         let lease = self.lease.clone();
         tracing::debug!(
             fence = lease.fence.get(),
             "claim dropped unsettled: releasing"
         );
         runtime.spawn(async move {
-            let released = settle(&config, &beat, config.settle_tries, || {
-                store.release(&lease)
-            });
+            let released = settle(&config, ends, config.settle_tries, || store.release(&lease));
             if let Err(error) = released.await {
                 tracing::warn!(
                     error = %error.redacted(config.redact_keys),
