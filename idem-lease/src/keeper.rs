@@ -305,8 +305,8 @@ impl LeaseKeeper {
     /// Sends `send` (a completion, failure or release of this lease), again while the store
     /// answers a retryable error: at most `tries` times in all (at least once), backing off
     /// from 40 ms to 1 s, and no try starts after the lease has ended, as far as this process
-    /// knows. Marks the claim settled whatever the answer: a claim whose settle failed lapses
-    /// with its lease.
+    /// knows. Marks the claim settled once the store answered, whatever the answer: a claim
+    /// whose settle failed lapses with its lease (dropped before the answer, it is released).
     ///
     /// # Errors
     /// The store's last answer.
@@ -315,8 +315,9 @@ impl LeaseKeeper {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<(), StoreError>>,
     {
+        let settled = settle(&self.config, self.ends(), tries, send).await;
         self.settled = true;
-        settle(&self.config, self.ends(), tries, send).await
+        settled
     }
 }
 
