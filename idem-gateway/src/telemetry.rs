@@ -33,7 +33,7 @@ pub fn init_logs(config: &LogConfig) {
 /// the first takeover. Without an installed recorder this does nothing; registering twice is
 /// harmless.
 pub fn register_metrics(store: &'static str) {
-    use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, histogram};
+    use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram};
 
     describe_counter!(
         layer::REQUESTS,
@@ -64,10 +64,6 @@ pub fn register_metrics(store: &'static str) {
             "Claims that took over a lapsed lease (a crashed holder)",
         ),
         (
-            layer::LEASE_LOSSES,
-            "Leases lost while the upstream call ran (a heartbeat or completion refused)",
-        ),
-        (
             layer::OMITTED,
             "Responses stored without their body (over the storage cap)",
         ),
@@ -75,6 +71,7 @@ pub fn register_metrics(store: &'static str) {
         describe_counter!(name, help);
         let _ = counter!(name);
     }
+    let _ = counter!(layer::LEASE_LOSSES);
     describe_counter!(
         layer::FAILURES,
         "Claims released without a stored response, by kind"
@@ -82,21 +79,9 @@ pub fn register_metrics(store: &'static str) {
     for kind in layer::FAILURE_KINDS {
         let _ = counter!(layer::FAILURES, "kind" => kind);
     }
-    describe_histogram!(
-        layer::STORE_SECONDS,
-        Unit::Seconds,
-        "Store operation latency, by store and operation"
-    );
-    describe_counter!(
-        layer::STORE_ERRORS,
-        "Store operation errors, by store, operation and kind"
-    );
-    for op in layer::STORE_OPS {
-        let _ = histogram!(layer::STORE_SECONDS, "store" => store, "op" => op);
-        for kind in idem_core::StoreError::KINDS {
-            let _ = counter!(layer::STORE_ERRORS, "store" => store, "op" => op, "kind" => kind);
-        }
-    }
+    // The store metrics and the lease losses describe themselves (idem-lease, which meters
+    // the layer's store and keeps its leases).
+    idem_lease::register_at_zero(store, &layer::STORE_OPS);
 
     describe_counter!(
         gateway::REQUESTS,

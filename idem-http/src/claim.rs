@@ -4,28 +4,32 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Duration;
 
 use bytes::Bytes;
-use idem_core::{Lease, Rejection, Store, StoreError};
+use idem_core::{Lease, Rejection, StoreError};
+use idem_lease::LeaseKeeper;
 use tokio::time::Instant;
 
 use crate::codec::{self, StoredResponse};
 use crate::detach::Work;
 use crate::layer::Shared;
-use crate::metrics::{self, Op};
-use crate::service::{after, log_key};
+use crate::metrics;
+use crate::service::log_key;
 
 /// A held claim: keeps its lease by heartbeat while the handler runs, and is released if
-/// dropped unsettled (the handler panicked or its task was cancelled).
+/// dropped unsettled (the handler panicked or its task was cancelled). The heartbeat, the
+/// retried completion and the release on drop are idem-lease's [`LeaseKeeper`], the same as
+/// the job guard's: a lease that could not be extended before it ends (refused, or the store
+/// unreachable until then) is lost and counted in `idem_lease_losses_total`; the handler goes
+/// on (it is never cancelled, as for a caller that went away), its response goes to the
+/// caller, and the store refuses to record it if another attempt took the key over.
 pub(crate) struct Claim {
     shared: Arc<Shared>,
-    lease: Lease,
+    keeper: LeaseKeeper,
     /// The heartbeat, polled alongside the handler ([`Claim::beating`]); it is made (and sets
     /// its timer) only when the handler first has to wait, so a handler that answers at once
     /// costs no timer and no allocation.
     heartbeat: Beat,
-    settled: bool,
     /// When the key was claimed: how long it was held counts in the layer's recent durations.
     claimed_at: Instant,
 }
@@ -41,22 +45,28 @@ enum Beat {
 }
 
 impl Claim {
+    /// Holds `lease`, granted just now: the lease is counted from here, which overestimates it
+    /// by the claim's answer's way back from the store.
     pub(crate) fn new(shared: Arc<Shared>, lease: Lease) -> Self {
+        let sent = Instant::now();
+        let keeper = LeaseKeeper::new(shared.store.clone(), shared.keeper.clone(), lease, sent);
         Claim {
             shared,
-            lease,
+            keeper,
             heartbeat: Beat::Idle,
-            settled: false,
-            claimed_at: Instant::now(),
+            claimed_at: sent,
         }
+    }
+
+    fn lease(&self) -> &Lease {
+        self.keeper.lease()
     }
 
     /// Runs `future` while the heartbeat keeps the lease.
     pub(crate) async fn beating<F: Future>(&mut self, future: F) -> F::Output {
         let mut future = std::pin::pin!(future);
         let Claim {
-            shared,
-            lease,
+            keeper,
             heartbeat: beat,
             ..
         } = self;
@@ -65,7 +75,7 @@ impl Claim {
                 return Poll::Ready(output);
             }
             if let Beat::Idle = beat {
-                *beat = Beat::Running(Box::pin(heartbeat(shared.clone(), lease.clone())));
+                *beat = Beat::Running(Box::pin(keeper.heartbeat()));
             }
             if let Beat::Running(running) = beat {
                 if running.as_mut().poll(cx).is_ready() {
@@ -79,11 +89,11 @@ impl Claim {
     }
 
     pub(crate) fn settle(&mut self) {
-        if !self.settled {
+        if !self.keeper.is_settled() {
             self.shared.durations.record(self.claimed_at.elapsed());
         }
         self.heartbeat = Beat::Stopped;
-        self.settled = true;
+        self.keeper.disarm();
     }
 
     /// Gives the key back so a retry runs the handler again.
@@ -91,11 +101,12 @@ impl Claim {
         self.settle();
         metrics::failure(kind);
         let config = &self.shared.config;
-        let released = self.shared.store.release(&self.lease);
-        let released = self.shared.store_metrics.time(Op::Release, released).await;
+        let store = &self.shared.store;
+        let lease = self.keeper.lease().clone();
+        let released = self.keeper.settle_with(1, || store.release(&lease)).await;
         tracing::debug!(
-            idempotency_key = %log_key(config, &self.lease.key),
-            fence = self.lease.fence.get(),
+            idempotency_key = %log_key(config, &lease.key),
+            fence = lease.fence.get(),
             reason = kind,
             state_after = "absent",
             "idempotency claim released"
@@ -105,12 +116,12 @@ impl Claim {
             // Another attempt holds the key, or the record is settled: nothing of this claim's
             // is left to release.
             Err(error @ StoreError::Rejected(_)) => tracing::warn!(
-                idempotency_key = %log_key(config, &self.lease.key),
+                idempotency_key = %log_key(config, &lease.key),
                 error = %error.redacted(!config.log_keys),
                 "the claim was no longer held when it was released: nothing was released"
             ),
             Err(error) => tracing::warn!(
-                idempotency_key = %log_key(config, &self.lease.key),
+                idempotency_key = %log_key(config, &lease.key),
                 error = %error.redacted(!config.log_keys),
                 "releasing the claim failed: the key stays blocked until its lease ends"
             ),
@@ -132,38 +143,32 @@ impl Claim {
             metrics::increment(metrics::key!(metrics::OMITTED));
         }
         let store = &self.shared.store;
-        let store_metrics = &self.shared.store_metrics;
-        let mut result = store_metrics
-            .time(
-                Op::Complete,
-                store.complete(&self.lease, encoded.clone(), config.retention),
-            )
+        let lease = self.keeper.lease();
+        let mut result = store
+            .complete(lease, encoded.clone(), config.retention)
             .await;
         if matches!(result, Err(StoreError::TooLarge { .. })) && stored.body.is_some() {
             // The store takes less than the cap: keep status, headers and trailers at least.
             stored.body = None;
             metrics::increment(metrics::key!(metrics::OMITTED));
             encoded = codec::encode(&stored);
-            result = store_metrics
-                .time(
-                    Op::Complete,
-                    store.complete(&self.lease, encoded.clone(), config.retention),
-                )
+            result = store
+                .complete(lease, encoded.clone(), config.retention)
                 .await;
         }
         match result {
             Ok(()) => tracing::debug!(
-                idempotency_key = %log_key(config, &self.lease.key),
-                fence = self.lease.fence.get(),
-                attempt = self.lease.attempt,
+                idempotency_key = %log_key(config, &self.lease().key),
+                fence = self.lease().fence.get(),
+                attempt = self.lease().attempt,
                 status = status.as_u16(),
                 state_after = "completed",
                 "idempotency record completed"
             ),
             Err(error) if error.is_retryable() => {
                 tracing::warn!(
-                    idempotency_key = %log_key(config, &self.lease.key),
-                    fence = self.lease.fence.get(),
+                    idempotency_key = %log_key(config, &self.lease().key),
+                    fence = self.lease().fence.get(),
                     error = %error.redacted(!config.log_keys),
                     "storing the response failed; retrying until the lease ends"
                 );
@@ -174,12 +179,16 @@ impl Claim {
         None
     }
 
-    /// Logs why the store refused the response, and what a retry will find.
+    /// Logs why the store refused the response, and what a retry will find; a refusal means
+    /// the lease was lost, and counts as such (once, if the heartbeat had not noticed).
     fn not_stored(&self, error: &StoreError) {
+        if error.rejection().is_some() {
+            self.keeper.lose(error);
+        }
         let config = &self.shared.config;
         tracing::warn!(
-            idempotency_key = %log_key(config, &self.lease.key),
-            fence = self.lease.fence.get(),
+            idempotency_key = %log_key(config, &self.lease().key),
+            fence = self.lease().fence.get(),
             error = %error.redacted(!config.log_keys),
             "{}",
             not_stored_message(error)
@@ -187,45 +196,32 @@ impl Claim {
     }
 
     /// Tries again to store a response the store failed to take, backing off, until it takes
-    /// it, refuses it (the lease was lost), or one lease has passed: after that, another
+    /// it, refuses it (the lease was lost), or the lease has ended: after that, another
     /// attempt may hold the key, and this one's completion would be refused anyway.
     pub(crate) async fn retry_complete(&mut self, encoded: Bytes) {
         let config = &self.shared.config;
-        let deadline = after(config.lease);
-        let mut pause = Duration::from_millis(50);
-        loop {
-            let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
-            tokio::time::sleep(pause.min(deadline - now)).await;
-            pause = (pause * 2).min(Duration::from_secs(1));
-            let stored = self
-                .shared
-                .store
-                .complete(&self.lease, encoded.clone(), config.retention);
-            match self.shared.store_metrics.time(Op::Complete, stored).await {
-                Ok(()) => {
-                    tracing::info!(
-                        idempotency_key = %log_key(config, &self.lease.key),
-                        fence = self.lease.fence.get(),
-                        state_after = "completed",
-                        "the response was stored on a retry"
-                    );
-                    return;
-                }
-                Err(error) if error.is_retryable() => {}
-                Err(error) => {
-                    self.not_stored(&error);
-                    return;
-                }
-            }
+        let store = &self.shared.store;
+        let lease = self.keeper.lease().clone();
+        let stored = self
+            .keeper
+            .settle_with(u32::MAX, || {
+                store.complete(&lease, encoded.clone(), config.retention)
+            })
+            .await;
+        match stored {
+            Ok(()) => tracing::info!(
+                idempotency_key = %log_key(config, &lease.key),
+                fence = lease.fence.get(),
+                state_after = "completed",
+                "the response was stored on a retry"
+            ),
+            Err(error) if error.is_retryable() => tracing::warn!(
+                idempotency_key = %log_key(config, &lease.key),
+                fence = lease.fence.get(),
+                "storing the response failed for a whole lease: a retry after the lease may run the handler again"
+            ),
+            Err(error) => self.not_stored(&error),
         }
-        tracing::warn!(
-            idempotency_key = %log_key(config, &self.lease.key),
-            fence = self.lease.fence.get(),
-            "storing the response failed for a whole lease: a retry after the lease may run the handler again"
-        );
     }
 }
 
@@ -256,52 +252,15 @@ fn not_stored_message(error: &StoreError) -> &'static str {
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        if self.settled {
+        if self.keeper.is_settled() {
             return;
         }
+        // The keeper releases the claim as it is dropped.
         metrics::failure("panic");
-        let shared = self.shared.clone();
-        let lease = self.lease.clone();
         tracing::warn!(
-            idempotency_key = %log_key(&shared.config, &lease.key),
-            fence = lease.fence.get(),
+            idempotency_key = %log_key(&self.shared.config, &self.lease().key),
+            fence = self.lease().fence.get(),
             "the handler ended without an answer (panic or cancellation): releasing its claim"
         );
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let released = shared.store.release(&lease);
-                let _ = shared.store_metrics.time(Op::Release, released).await;
-            });
-        }
-    }
-}
-
-/// Extends the lease every heartbeat interval until dropped or refused.
-async fn heartbeat(shared: Arc<Shared>, lease: Lease) {
-    let config = &shared.config;
-    let every = config.heartbeat;
-    let mut ticker = tokio::time::interval_at(after(every), every);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        let beat = shared.store.heartbeat(&lease, config.lease);
-        match shared.store_metrics.time(Op::Heartbeat, beat).await {
-            Ok(_) => {}
-            Err(StoreError::Rejected(rejection)) => {
-                metrics::increment(metrics::key!(metrics::LEASE_LOSSES));
-                tracing::warn!(
-                    idempotency_key = %log_key(config, &lease.key),
-                    fence = lease.fence.get(),
-                    %rejection,
-                    "the lease was lost while the handler runs"
-                );
-                return;
-            }
-            Err(error) => tracing::warn!(
-                idempotency_key = %log_key(config, &lease.key),
-                error = %error.redacted(!config.log_keys),
-                "heartbeat failed; retrying at the next beat"
-            ),
-        }
     }
 }

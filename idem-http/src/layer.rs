@@ -4,30 +4,34 @@ use std::fmt;
 use std::sync::Arc;
 
 use idem_core::Store;
+use idem_lease::{KeeperConfig, Metered};
 use tower_layer::Layer;
 
 use crate::config::Config;
-use crate::metrics::StoreMetrics;
 use crate::recent::RecentDurations;
 use crate::service::Idempotency;
 
 /// The settings and the store, shared by every clone of the service.
 pub(crate) struct Shared {
+    /// The store, [`Metered`] under the configured store label.
     pub(crate) store: Arc<dyn Store>,
     pub(crate) config: Config,
-    /// The keys of the store metrics, made once for the configured store label.
-    pub(crate) store_metrics: StoreMetrics,
+    /// How each request's claim keeps its lease.
+    pub(crate) keeper: Arc<KeeperConfig>,
     /// How long requests held their key lately: the `Retry-After` of a 409.
     pub(crate) durations: RecentDurations,
 }
 
 impl Shared {
     pub(crate) fn new(store: Arc<dyn Store>, config: Config) -> Self {
-        let store_metrics = StoreMetrics::new(config.store_label);
+        // A release is tried once: the caller waits for it before its answer (a retry finds
+        // the key released, or lapsed with the lease).
+        let keeper =
+            KeeperConfig::new(config.lease, config.heartbeat).redact_keys(!config.log_keys);
         Shared {
-            store,
+            store: Arc::new(Metered::new(store, config.store_label)),
             config,
-            store_metrics,
+            keeper: Arc::new(keeper),
             durations: RecentDurations::default(),
         }
     }

@@ -14,16 +14,17 @@
 //! | `idem_store_operation_seconds` | histogram | `store`, `op` |
 //! | `idem_store_errors_total` | counter | `store`, `op`, `kind` |
 //! | `idem_responses_omitted_total` | counter | |
+//!
+//! The store metrics come from the layer's store wrapped in idem-lease's
+//! [`Metered`](idem_lease::Metered), and the lease losses from its
+//! [`LeaseKeeper`](idem_lease::LeaseKeeper): the job guard reports both with the same labels.
 
-use std::future::Future;
-use std::time::Instant;
-
-use idem_core::StoreError;
 pub use idem_core::metrics::{
     CLAIMS_ACQUIRED, COLLISIONS, FAILURES, LEASE_LOSSES, MISMATCHES, REPLAYS, STORE_ERRORS,
     STORE_SECONDS, TAKEOVERS,
 };
-use metrics::{Key, Label, Level, Metadata};
+use idem_lease::StoreOp;
+use metrics::{Key, Level, Metadata};
 
 use crate::outcome::Outcome;
 
@@ -38,11 +39,11 @@ pub const FAILURE_KINDS: [&str; 4] = ["handler_error", "panic", "status", "body_
 
 /// The `op` labels of the store metrics the layer records (`idem_store_operation_seconds`,
 /// `idem_store_errors_total`).
-pub const STORE_OPS: [&str; 4] = [
-    Op::Claim.as_str(),
-    Op::Heartbeat.as_str(),
-    Op::Complete.as_str(),
-    Op::Release.as_str(),
+pub const STORE_OPS: [StoreOp; 4] = [
+    StoreOp::Claim,
+    StoreOp::Heartbeat,
+    StoreOp::Complete,
+    StoreOp::Release,
 ];
 
 /// What the layer's metrics say of themselves to the recorder (as `metrics::counter!` would).
@@ -92,75 +93,6 @@ pub(crate) fn failure(kind: &'static str) {
     metrics::counter!(FAILURES, "kind" => kind).increment(1);
 }
 
-/// A store operation the layer times.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Op {
-    Claim,
-    Heartbeat,
-    Complete,
-    Release,
-}
-
-impl Op {
-    const ALL: [Op; 4] = [Op::Claim, Op::Heartbeat, Op::Complete, Op::Release];
-
-    const fn as_str(self) -> &'static str {
-        match self {
-            Op::Claim => "claim",
-            Op::Heartbeat => "heartbeat",
-            Op::Complete => "complete",
-            Op::Release => "release",
-        }
-    }
-}
-
-/// The store metrics of one layer, their keys made once for its store label.
-#[derive(Debug)]
-pub(crate) struct StoreMetrics {
-    store: &'static str,
-    /// The latency histogram of each [`Op`], in the order of [`Op::ALL`].
-    seconds: [Key; 4],
-}
-
-impl StoreMetrics {
-    pub(crate) fn new(store: &'static str) -> Self {
-        StoreMetrics {
-            store,
-            seconds: Op::ALL.map(|op| {
-                Key::from_parts(
-                    STORE_SECONDS,
-                    vec![Label::new("store", store), Label::new("op", op.as_str())],
-                )
-            }),
-        }
-    }
-
-    /// Runs one store operation, timing it and counting its errors.
-    pub(crate) async fn time<T>(
-        &self,
-        op: Op,
-        fut: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let start = Instant::now();
-        let result = fut.await;
-        let elapsed = start.elapsed().as_secs_f64();
-        metrics::with_recorder(|recorder| {
-            recorder.register_histogram(&self.seconds[op as usize], &METADATA)
-        })
-        .record(elapsed);
-        if let Err(error) = &result {
-            metrics::counter!(
-                STORE_ERRORS,
-                "store" => self.store,
-                "op" => op.as_str(),
-                "kind" => error.kind()
-            )
-            .increment(1);
-        }
-        result
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,17 +104,6 @@ mod tests {
             assert_eq!(key.name(), REQUESTS);
             let labels: Vec<_> = key.labels().map(|l| (l.key(), l.value())).collect();
             assert_eq!(labels, [("outcome", outcome.as_str())]);
-        }
-    }
-
-    #[test]
-    fn each_op_has_its_histogram() {
-        let metrics = StoreMetrics::new("memory");
-        for op in Op::ALL {
-            let key = &metrics.seconds[op as usize];
-            assert_eq!(key.name(), STORE_SECONDS);
-            let labels: Vec<_> = key.labels().map(|l| (l.key(), l.value())).collect();
-            assert_eq!(labels, [("store", "memory"), ("op", op.as_str())]);
         }
     }
 }

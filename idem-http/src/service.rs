@@ -28,7 +28,7 @@ use crate::fingerprint::request_fingerprint;
 use crate::future::ResponseFuture;
 use crate::header::parse_header;
 use crate::layer::Shared;
-use crate::metrics::{self, Op};
+use crate::metrics;
 use crate::outcome::Outcome;
 use crate::rejection::{Rejection, retry_after_secs};
 use crate::replay::replay;
@@ -243,8 +243,7 @@ async fn process<S, ReqBody, ResBody>(
     let deadline = config.wait.map(after);
     let mut pause = Duration::from_millis(10);
     let answer = loop {
-        let claimed = shared.store.claim(&claim);
-        let answer = shared.store_metrics.time(Op::Claim, claimed).await;
+        let answer = shared.store.claim(&claim).await;
         let state_before = answer.as_ref().map_or("unknown", ClaimOutcome::kind);
         tracing::debug!(
             idempotency_key = %log_key(config, &claim.key),
@@ -388,11 +387,9 @@ fn release_if_granted(shared: Arc<Shared>, claim: ClaimRequest) {
         let mut pause = Duration::from_millis(100);
         loop {
             tokio::time::sleep(pause).await;
-            let resent = shared.store.claim(&claim);
-            match shared.store_metrics.time(Op::Claim, resent).await {
+            match shared.store.claim(&claim).await {
                 Ok(ClaimOutcome::Acquired { lease, .. }) => {
-                    let released = shared.store.release(&lease);
-                    let released = shared.store_metrics.time(Op::Release, released).await;
+                    let released = shared.store.release(&lease).await;
                     tracing::debug!(
                         idempotency_key = %log_key(&shared.config, &claim.key),
                         fence = lease.fence.get(),

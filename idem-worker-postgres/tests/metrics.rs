@@ -65,7 +65,7 @@ async fn job_duration_and_store_operations_are_measured() {
     for (op, times) in [("claim", 2), ("complete", 1), ("fail", 1), ("commit", 2)] {
         assert_eq!(
             recorder.get(&format!(
-                "idem_store_operation_seconds{{job_type=credit,op={op},store=postgres}}"
+                "idem_store_operation_seconds{{op={op},store=postgres}}"
             )),
             times,
             "{op}"

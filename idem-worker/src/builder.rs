@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{Scope, Store};
+use idem_lease::{KeeperConfig, Metered};
 
 use crate::guard::{Inner, JobGuard};
 use crate::metrics::Labels;
@@ -176,12 +177,18 @@ impl JobGuardBuilder {
                 lease: self.lease,
             });
         }
+        let keeper = KeeperConfig::new(self.lease, heartbeat)
+            .settle_tries(self.settle_tries)
+            .redact_keys(self.redact_keys)
+            .loss_label("job_type", self.job_type.clone());
+        let metered = Arc::new(Metered::new(self.store, self.store_label));
         Ok(JobGuard {
             inner: Arc::new(Inner {
-                store: self.store,
+                store: metered.clone(),
+                metered,
+                keeper: Arc::new(keeper),
                 labels: Labels {
                     job_type: self.job_type,
-                    store: self.store_label,
                 },
                 worker_id: self.worker_id,
                 scope: self.scope,

@@ -3,21 +3,20 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{Bytes, Failure, Fence, Lease, Store, StoreError};
+use idem_core::{Bytes, Failure, Fence, Lease, StoreError};
+use idem_lease::LeaseKeeper;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span};
 
 use crate::context::JobContext;
 use crate::error::{ErrorClass, JobError};
 use crate::guard::Inner;
-use crate::metrics::{self as m};
 use crate::outcome::{Outcome, Run, RunError};
 use crate::retry::Disposition;
 use crate::unwind::catch_unwind;
@@ -37,7 +36,7 @@ pub struct Claim {
 impl fmt::Debug for Claim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Claim")
-            .field("lease", &self.held.lease)
+            .field("lease", self.held.keeper.lease())
             .field("delivery", &self.held.delivery)
             .field("taken_over", &self.taken_over)
             .finish_non_exhaustive()
@@ -64,13 +63,13 @@ impl Claim {
     /// The lease held.
     #[must_use]
     pub fn lease(&self) -> &Lease {
-        &self.held.lease
+        self.held.keeper.lease()
     }
 
     /// The fence of this claim.
     #[must_use]
     pub fn fence(&self) -> Fence {
-        self.held.lease.fence
+        self.held.keeper.lease().fence
     }
 
     /// Whether this claim took over a lapsed lease (an earlier holder crashed or stalled).
@@ -83,9 +82,9 @@ impl Claim {
     #[must_use]
     pub fn context(&self) -> JobContext {
         JobContext::new(
-            &self.held.lease,
+            self.held.keeper.lease(),
             self.held.delivery,
-            self.held.cancel.clone(),
+            self.held.keeper.lost().clone(),
         )
     }
 
@@ -95,13 +94,8 @@ impl Claim {
     /// The store's error; the key then lapses with its lease.
     pub async fn release(mut self) -> Result<(), StoreError> {
         self.held.stop_heartbeat();
-        let inner = self.held.inner.clone();
-        let lease = self.held.lease.clone();
-        let result = inner
-            .settle("release", || inner.store.release(&lease))
-            .instrument(self.span.clone())
-            .await;
-        self.held.settled = true;
+        let span = self.span.clone();
+        let result = self.held.settle(Settle::Release).instrument(span).await;
         self.span.record("state_after", "absent");
         result
     }
@@ -124,13 +118,13 @@ impl Claim {
         Fut: Future<Output = Result<T, JobError>>,
     {
         let inner = self.held.inner.clone();
-        if self.held.cancel.is_cancelled() {
+        if self.held.keeper.is_lost() {
             // The lease was lost while the claim waited (in a receiver's queue, say): another
             // attempt may hold the key and run the job. Running it here too could take effect
             // twice, so give the key back (if it is still ours) and let a retry find out.
             self.held.stop_heartbeat();
-            let source = self.held.take_loss();
-            let fence = self.held.lease.fence;
+            let source = self.held.keeper.take_loss();
+            let fence = self.held.keeper.lease().fence;
             let (outcome, disposition, state_after) = self
                 .release_after(RunError::LeaseLost { fence, source })
                 .await;
@@ -159,12 +153,12 @@ impl Claim {
                     }
                     ErrorClass::Unknown => {
                         // Keep the claim: nobody may run the job again before the lease ends.
-                        self.held.settled = true;
+                        self.held.keeper.disarm();
                         (
                             Outcome::Error(RunError::UnknownOutcome(error.into_cause())),
                             inner
                                 .retry
-                                .after_failure_waiting(delivery, self.held.remaining()),
+                                .after_failure_waiting(delivery, self.held.keeper.remaining()),
                             "in_flight",
                         )
                     }
@@ -185,11 +179,7 @@ impl Claim {
         error: RunError,
     ) -> (Outcome<T>, Disposition, &'static str) {
         let inner = self.held.inner.clone();
-        let lease = self.held.lease.clone();
-        let released = inner
-            .settle("release", || inner.store.release(&lease))
-            .await;
-        self.held.settled = true;
+        let released = self.held.settle(Settle::Release).await;
         let delivery = self.held.delivery;
         match released {
             Ok(()) => (
@@ -208,7 +198,7 @@ impl Claim {
                 Outcome::Error(error),
                 inner
                     .retry
-                    .after_failure_waiting(delivery, self.held.remaining()),
+                    .after_failure_waiting(delivery, self.held.keeper.remaining()),
                 "in_flight",
             ),
         }
@@ -220,16 +210,11 @@ impl Claim {
         failure: Failure,
         outcome: impl FnOnce(Failure) -> Outcome<T>,
     ) -> (Outcome<T>, Disposition, &'static str) {
-        let inner = self.held.inner.clone();
-        let lease = self.held.lease.clone();
-        let failed = inner
-            .settle("fail", || {
-                inner
-                    .store
-                    .fail(&lease, failure.clone(), inner.failure_retention)
-            })
+        let retention = self.held.inner.failure_retention;
+        let failed = self
+            .held
+            .settle(Settle::Fail(failure.clone(), retention))
             .await;
-        self.held.settled = true;
         match failed {
             Ok(()) => (outcome(failure), Disposition::DeadLetter, "failed"),
             Err(store) => self.settle_error("fail", store),
@@ -242,7 +227,6 @@ impl Claim {
         value: T,
     ) -> (Outcome<T>, Disposition, &'static str) {
         let inner = self.held.inner.clone();
-        let lease = self.held.lease.clone();
         let bytes = match serde_json::to_vec(&value) {
             Ok(bytes) => Bytes::from(bytes),
             Err(error) => {
@@ -255,12 +239,10 @@ impl Claim {
                     .await;
             }
         };
-        let completed = inner
-            .settle("complete", || {
-                inner.store.complete(&lease, bytes.clone(), inner.retention)
-            })
+        let completed = self
+            .held
+            .settle(Settle::Complete(bytes, inner.retention))
             .await;
-        self.held.settled = true;
         match completed {
             Ok(()) => (Outcome::Executed(value), Disposition::Ack, "completed"),
             Err(StoreError::TooLarge { size, limit }) => {
@@ -284,14 +266,11 @@ impl Claim {
         let inner = &self.held.inner;
         let delivery = self.held.delivery;
         if error.rejection().is_some() {
-            if !self.held.cancel.is_cancelled() {
-                // The heartbeat had not noticed yet.
-                inner.labels.count(m::LEASE_LOSSES);
-                self.held.cancel.cancel();
-            }
+            // Counted unless the heartbeat had noticed already.
+            self.held.keeper.lose(&error);
             (
                 Outcome::Error(RunError::LeaseLost {
-                    fence: self.held.lease.fence,
+                    fence: self.held.keeper.lease().fence,
                     source: error,
                 }),
                 inner.retry.after_failure(delivery),
@@ -302,52 +281,32 @@ impl Claim {
                 Outcome::Error(RunError::Store { op, source: error }),
                 inner
                     .retry
-                    .after_failure_waiting(delivery, self.held.remaining()),
+                    .after_failure_waiting(delivery, self.held.keeper.remaining()),
                 "in_flight",
             )
         }
     }
 }
 
-/// The claim's lease, its heartbeat, and the guard that releases an unsettled claim.
+/// The claim's lease keeper (heartbeat, retried settle, release on drop) and the task that
+/// runs its heartbeat.
 struct Held {
     inner: Arc<Inner>,
-    lease: Lease,
+    keeper: LeaseKeeper,
     delivery: u32,
-    cancel: CancellationToken,
-    /// When the lease ends, as far as this process knows (the last granted extension).
-    deadline: Arc<Mutex<Instant>>,
-    /// The heartbeat's error that ended the lease, once it did.
-    loss: Arc<Mutex<Option<StoreError>>>,
     heartbeat: Option<JoinHandle<()>>,
-    settled: bool,
 }
 
 impl Held {
     /// Holds `lease`, granted by a claim sent at `sent`.
     fn start(inner: Arc<Inner>, lease: Lease, delivery: u32, sent: Instant) -> Held {
-        let cancel = CancellationToken::new();
-        let deadline = Arc::new(Mutex::new(lease_end(sent, inner.lease)));
-        let loss = Arc::new(Mutex::new(None));
-        let heartbeat = tokio::spawn(
-            heartbeat(
-                inner.clone(),
-                lease.clone(),
-                cancel.clone(),
-                deadline.clone(),
-                loss.clone(),
-            )
-            .in_current_span(),
-        );
+        let keeper = LeaseKeeper::new(inner.store.clone(), inner.keeper.clone(), lease, sent);
+        let heartbeat = tokio::spawn(keeper.heartbeat().in_current_span());
         Held {
             inner,
-            lease,
+            keeper,
             delivery,
-            cancel,
-            deadline,
-            loss,
             heartbeat: Some(heartbeat),
-            settled: false,
         }
     }
 
@@ -357,106 +316,37 @@ impl Held {
         }
     }
 
-    /// The heartbeat's error that ended the lease (taken once).
-    fn take_loss(&self) -> StoreError {
-        let taken = match self.loss.lock() {
-            Ok(mut loss) => loss.take(),
-            Err(poisoned) => poisoned.into_inner().take(),
-        };
-        taken.unwrap_or_else(|| StoreError::unavailable("the lease was lost"))
+    /// Sends `settle`, again while the store answers a retryable error (the guard's settle
+    /// tries); the claim is settled after it.
+    async fn settle(&mut self, settle: Settle) -> Result<(), StoreError> {
+        let store = self.inner.store.clone();
+        let lease = self.keeper.lease().clone();
+        let tries = self.inner.settle_tries;
+        self.keeper
+            .settle_with(tries, || match &settle {
+                Settle::Release => store.release(&lease),
+                Settle::Fail(failure, retention) => store.fail(&lease, failure.clone(), *retention),
+                Settle::Complete(result, retention) => {
+                    store.complete(&lease, result.clone(), *retention)
+                }
+            })
+            .await
     }
+}
 
-    /// How long the lease has left, as far as this process knows.
-    fn remaining(&self) -> Duration {
-        let deadline = match self.deadline.lock() {
-            Ok(deadline) => *deadline,
-            Err(poisoned) => *poisoned.into_inner(),
-        };
-        deadline.saturating_duration_since(Instant::now())
-    }
+/// A transition that settles a claim.
+enum Settle {
+    /// Give the key back.
+    Release,
+    /// Record a failure, kept for the duration.
+    Fail(Failure, Duration),
+    /// Record a result, kept for the duration.
+    Complete(Bytes, Duration),
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
+        // The keeper releases a claim dropped unsettled (a cancelled future, a shutdown).
         self.stop_heartbeat();
-        if self.settled {
-            return;
-        }
-        // Dropped before the job ended (a cancelled future, a shutdown): nothing to record,
-        // so give the key back. Without a runtime the key lapses with its lease.
-        let inner = self.inner.clone();
-        let lease = self.lease.clone();
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            tracing::debug!(
-                fence = lease.fence.get(),
-                "claim dropped unsettled: releasing"
-            );
-            runtime.spawn(async move {
-                if let Err(error) = inner.settle("release", || inner.store.release(&lease)).await {
-                    let error = error.redacted(inner.redact_keys);
-                    tracing::warn!(%error, fence = lease.fence.get(), "release of a dropped claim failed; the key lapses with its lease");
-                }
-            });
-        }
     }
-}
-
-/// Extends the lease every interval until aborted; on a refusal (or when the store stayed
-/// unreachable for a whole lease) fires `cancel` and stops.
-async fn heartbeat(
-    inner: Arc<Inner>,
-    lease: Lease,
-    cancel: CancellationToken,
-    deadline: Arc<Mutex<Instant>>,
-    loss: Arc<Mutex<Option<StoreError>>>,
-) {
-    let interval = inner.heartbeat;
-    let mut next = lease_end(Instant::now(), interval);
-    loop {
-        tokio::time::sleep_until(next).await;
-        let sent = Instant::now();
-        match inner
-            .labels
-            .store_op("heartbeat", inner.store.heartbeat(&lease, inner.lease))
-            .await
-        {
-            Ok(_) => {
-                let mut guard = match deadline.lock() {
-                    Ok(guard) => guard,
-                    Err(poisoned) => poisoned.into_inner(),
-                };
-                *guard = lease_end(sent, inner.lease);
-                next = lease_end(sent, interval);
-            }
-            Err(error) => {
-                let ends = match deadline.lock() {
-                    Ok(guard) => *guard,
-                    Err(poisoned) => *poisoned.into_inner(),
-                };
-                let now = Instant::now();
-                if error.is_retryable() && now < ends {
-                    tracing::warn!(error = %error.redacted(inner.redact_keys), "heartbeat failed; trying again");
-                    // Again after an interval, but no later than the lease's end: a store
-                    // still unreachable then means the lease is lost, and the job learns it
-                    // when the lease ends, not up to an interval later.
-                    next = lease_end(now, interval).min(ends);
-                    continue;
-                }
-                inner.labels.count(m::LEASE_LOSSES);
-                tracing::warn!(error = %error.redacted(inner.redact_keys), "lease lost: cancelling the job");
-                match loss.lock() {
-                    Ok(mut loss) => *loss = Some(error),
-                    Err(poisoned) => *poisoned.into_inner() = Some(error),
-                }
-                cancel.cancel();
-                return;
-            }
-        }
-    }
-}
-
-/// When a lease of `lease` granted at `sent` ends; far in the future (never a panic) for a
-/// lease longer than the clock can count.
-fn lease_end(sent: Instant, lease: Duration) -> Instant {
-    Instant::from_std(idem_core::saturating_deadline(sent.into_std(), lease))
 }

@@ -9,6 +9,7 @@ use idem_core::{
     ClaimOutcome, ClaimRequest, Failure, Fingerprint, IdempotencyKey, Lease, OwnerToken, RecordKey,
     Scope, Store, StoreError,
 };
+use idem_lease::{KeeperConfig, Metered};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
@@ -23,7 +24,12 @@ use crate::outcome::{Outcome, Run, RunError};
 use crate::retry::{Disposition, RetryPolicy};
 
 pub(crate) struct Inner {
+    /// The store, [`Metered`] under the guard's store label.
     pub(crate) store: Arc<dyn Store>,
+    /// The same store, for the operations [`JobGuard::store_op`] times.
+    pub(crate) metered: Arc<Metered<Arc<dyn Store>>>,
+    /// How each claim keeps its lease.
+    pub(crate) keeper: Arc<KeeperConfig>,
     pub(crate) labels: Labels,
     pub(crate) worker_id: String,
     pub(crate) scope: Scope,
@@ -172,12 +178,7 @@ impl JobGuard {
         // The store starts the lease when it takes the claim, which is after this and before
         // the answer arrives: counting from here never overestimates it.
         let sent = Instant::now();
-        let claim = || {
-            self.inner
-                .labels
-                .store_op("claim", self.inner.store.claim(&request))
-                .instrument(span.clone())
-        };
+        let claim = || self.inner.store.claim(&request).instrument(span.clone());
         let mut claimed = claim().await;
         if matches!(claimed, Err(StoreError::Timeout { .. })) {
             // The claim may have been granted with only its answer lost: that grant would hold
@@ -329,7 +330,8 @@ impl JobGuard {
 
     /// Runs one store operation `op` of a variant of the guard (see [`JobGuard::answer`]),
     /// timing it into `idem_store_operation_seconds` and counting its error into
-    /// `idem_store_errors_total`, with the guard's `job_type` and `store` labels.
+    /// `idem_store_errors_total`, with the guard's `store` label (the labels of every metered
+    /// store: see idem-lease's `Metered`).
     ///
     /// # Errors
     /// The operation's error, unchanged.
@@ -338,7 +340,7 @@ impl JobGuard {
         op: &'static str,
         operation: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        self.inner.labels.store_op(op, operation).await
+        self.inner.metered.time(op, operation).await
     }
 
     /// Records how long a job ran (`idem_job_duration_seconds`), for a variant of the guard
@@ -389,31 +391,6 @@ impl Inner {
         Run {
             outcome,
             disposition,
-        }
-    }
-
-    /// Sends one settling transition, again while the store answers with a retryable error.
-    pub(crate) async fn settle<F, Fut>(
-        &self,
-        op: &'static str,
-        mut send: F,
-    ) -> Result<(), StoreError>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<(), StoreError>>,
-    {
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            match self.labels.store_op(op, send()).await {
-                Err(error) if error.is_retryable() && tries < self.settle_tries => {
-                    let pause = Duration::from_millis(20u64 << tries.min(8));
-                    let error = error.redacted(self.redact_keys);
-                    tracing::debug!(%error, tries, "settle failed, trying again");
-                    tokio::time::sleep(pause).await;
-                }
-                other => return other,
-            }
         }
     }
 }

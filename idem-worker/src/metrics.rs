@@ -1,7 +1,10 @@
 //! The metric names of the guard (DESIGN.md section 8), emitted through the `metrics` facade.
 //! The application installs an exporter; without one, these cost next to nothing.
 //!
-//! Every metric carries a `job_type` label (the guard's [`crate::JobGuardBuilder::job_type`]).
+//! Every metric carries a `job_type` label (the guard's [`crate::JobGuardBuilder::job_type`]),
+//! except the store metrics: those come from the guard's store wrapped in idem-lease's
+//! [`Metered`](idem_lease::Metered), with the labels the HTTP layer's carry too (`store`, `op`).
+//! The lease losses are counted by idem-lease's [`LeaseKeeper`](idem_lease::LeaseKeeper).
 //!
 //! | name | kind | more labels |
 //! |---|---|---|
@@ -14,13 +17,9 @@
 //! | `idem_failures_total` | counter | `kind`: `transient`, `permanent`, `unknown`, `panic`, `encode` |
 //! | `idem_lease_takeovers_total` | counter | |
 //! | `idem_lease_losses_total` | counter | |
-//! | `idem_store_operation_seconds` | histogram | `store`, `op` |
-//! | `idem_store_errors_total` | counter | `store`, `op`, `kind` |
+//! | `idem_store_operation_seconds` | histogram | `store`, `op` (no `job_type`) |
+//! | `idem_store_errors_total` | counter | `store`, `op`, `kind` (no `job_type`) |
 
-use std::future::Future;
-use std::time::Instant;
-
-use idem_core::StoreError;
 pub use idem_core::metrics::{
     CLAIMS_ACQUIRED, COLLISIONS, FAILURES, LEASE_LOSSES, MISMATCHES, REPLAYS, STORE_ERRORS,
     STORE_SECONDS, TAKEOVERS,
@@ -35,7 +34,6 @@ pub const JOB_SECONDS: &str = "idem_job_duration_seconds";
 #[derive(Clone, Debug)]
 pub(crate) struct Labels {
     pub(crate) job_type: String,
-    pub(crate) store: String,
 }
 
 impl Labels {
@@ -55,22 +53,5 @@ impl Labels {
 
     pub(crate) fn job_seconds(&self, seconds: f64) {
         metrics::histogram!(JOB_SECONDS, "job_type" => self.job_type.clone()).record(seconds);
-    }
-
-    /// Runs one store operation, timing it and counting its errors.
-    pub(crate) async fn store_op<T>(
-        &self,
-        op: &'static str,
-        fut: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let start = Instant::now();
-        let result = fut.await;
-        metrics::histogram!(STORE_SECONDS, "job_type" => self.job_type.clone(), "store" => self.store.clone(), "op" => op)
-            .record(start.elapsed().as_secs_f64());
-        if let Err(error) = &result {
-            metrics::counter!(STORE_ERRORS, "job_type" => self.job_type.clone(), "store" => self.store.clone(), "op" => op, "kind" => error.kind())
-                .increment(1);
-        }
-        result
     }
 }
