@@ -46,7 +46,7 @@ pub(crate) struct TxShared {
 /// answer (moved into a spawned task) rolls the transaction back and the request answers 500.
 /// Never send `COMMIT`, `ROLLBACK` or `BEGIN` as SQL on it.
 ///
-/// [`GenericClient`]: idem_store_postgres::deadpool_postgres::GenericClient
+/// [`GenericClient`]: https://docs.rs/deadpool-postgres/0.14/deadpool_postgres/trait.GenericClient.html
 #[derive(Clone, Debug)]
 pub struct Tx(Arc<Object>);
 

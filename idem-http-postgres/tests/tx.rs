@@ -409,3 +409,63 @@ async fn a_commit_without_an_answer_is_reported_and_left_to_the_lease() {
     assert_eq!(fx.payments("slow-1").await, 1);
     fx.drop_schema().await;
 }
+
+/// 16 tasks send each of 100 keys (in their own orders) until answered: one payment per key,
+/// every answer of a key its first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hammer_16_tasks_on_100_keys_pay_each_key_once() {
+    let Some(fx) = Fixture::new().await else {
+        return;
+    };
+    const KEYS: usize = 100;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = app(
+        &fx.store,
+        config(),
+        fx.insert(),
+        Arc::new(|_| StatusCode::CREATED),
+        calls.clone(),
+    );
+    let mut tasks = Vec::new();
+    for task in 0..16 {
+        let app = app.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut answers = Vec::new();
+            for i in 0..KEYS {
+                let key = format!("hammer-{}", (i * 7 + task * 13) % KEYS);
+                loop {
+                    let response = app.clone().oneshot(pay(&key)).await.unwrap();
+                    if response.status() == StatusCode::CONFLICT {
+                        tokio::time::sleep(Duration::from_millis(rand::random_range(1..10))).await;
+                        continue;
+                    }
+                    assert_eq!(response.status(), StatusCode::CREATED);
+                    answers.push((key.clone(), body(response).await));
+                    break;
+                }
+            }
+            answers
+        }));
+    }
+    let mut first = std::collections::HashMap::new();
+    for task in tasks {
+        for (key, answer) in task.await.unwrap() {
+            let first = first.entry(key).or_insert_with(|| answer.clone());
+            assert_eq!(*first, answer, "an answer differed from its key's first");
+        }
+    }
+    assert_eq!(first.len(), KEYS);
+    assert_eq!(calls.load(Ordering::SeqCst), KEYS, "one execution per key");
+    let client = fx.store.pool().get().await.unwrap();
+    let sql = format!(
+        "SELECT count(*), count(DISTINCT key) FROM {}.payments",
+        fx.schema
+    );
+    let row = client.query_one(&sql, &[]).await.unwrap();
+    assert_eq!(
+        (row.get::<_, i64>(0), row.get::<_, i64>(1)),
+        (KEYS as i64, KEYS as i64)
+    );
+    drop(client);
+    fx.drop_schema().await;
+}
