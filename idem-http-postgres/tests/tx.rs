@@ -251,6 +251,7 @@ async fn a_panicking_handler_rolls_back_and_a_retry_pays_once() {
 /// A handler that INSERTs, then tells the test it did and waits to be let go.
 fn blocking_app(
     store: &PostgresStore,
+    config: Config,
     insert: &'static str,
     inside: Arc<std::sync::Mutex<Option<oneshot::Sender<()>>>>,
     go: Arc<Notify>,
@@ -270,7 +271,7 @@ fn blocking_app(
     };
     Router::new()
         .route("/pay", post(handler))
-        .layer(PgIdempotencyLayer::new(store.clone(), config()))
+        .layer(PgIdempotencyLayer::new(store.clone(), config))
 }
 
 #[tokio::test]
@@ -282,6 +283,7 @@ async fn a_duplicate_gets_409_at_once_while_the_first_transaction_is_open() {
     let go = Arc::new(Notify::new());
     let app = blocking_app(
         &fx.store,
+        config(),
         fx.insert(),
         Arc::new(std::sync::Mutex::new(Some(inside_tx))),
         go.clone(),
@@ -305,6 +307,46 @@ async fn a_duplicate_gets_409_at_once_while_the_first_transaction_is_open() {
 }
 
 #[tokio::test]
+async fn in_wait_mode_a_duplicate_waits_for_the_committed_answer() {
+    let Some(fx) = Fixture::new().await else {
+        return;
+    };
+    let (inside_tx, inside) = oneshot::channel();
+    let go = Arc::new(Notify::new());
+    let config = Config::builder()
+        .require_key()
+        .no_scope()
+        .lease(Duration::from_secs(3))
+        .wait_for_in_flight(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let app = blocking_app(
+        &fx.store,
+        config,
+        fx.insert(),
+        Arc::new(std::sync::Mutex::new(Some(inside_tx))),
+        go.clone(),
+    );
+    let first = tokio::spawn(app.clone().oneshot(pay("dup-1")));
+    inside.await.unwrap();
+    // The duplicate polls the committed claim while the first transaction is open.
+    let duplicate = tokio::spawn(app.clone().oneshot(pay("dup-1")));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!duplicate.is_finished(), "the duplicate waits");
+    go.notify_one();
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    let duplicate = tokio::time::timeout(HANG, duplicate)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(duplicate.status(), StatusCode::CREATED);
+    assert_eq!(duplicate.headers()["idempotent-replayed"], "true");
+    assert_eq!(fx.payments("dup-1").await, 1);
+    fx.drop_schema().await;
+}
+
+#[tokio::test]
 async fn a_stale_attempt_whose_lease_was_taken_over_rolls_back() {
     let Some(fx) = Fixture::new().await else {
         return;
@@ -312,11 +354,11 @@ async fn a_stale_attempt_whose_lease_was_taken_over_rolls_back() {
     let (inside_tx, entered) = oneshot::channel();
     let go = Arc::new(Notify::new());
     let inside = Arc::new(std::sync::Mutex::new(Some(inside_tx)));
-    let stale = blocking_app(&fx.store, fx.insert(), inside.clone(), go.clone());
+    let stale = blocking_app(&fx.store, config(), fx.insert(), inside.clone(), go.clone());
     // A second instance whose clock is an hour ahead: the first's lease has lapsed for it.
     let ahead = Fixture::connect(&fx.schema).await;
     ahead.advance_clock(Duration::from_secs(3600));
-    let takeover = blocking_app(&ahead, fx.insert(), inside, go.clone());
+    let takeover = blocking_app(&ahead, config(), fx.insert(), inside, go.clone());
     let first = tokio::spawn(stale.clone().oneshot(pay("dup-1")));
     entered.await.unwrap();
     let taken = tokio::time::timeout(HANG, takeover.clone().oneshot(pay("dup-1")))
@@ -467,5 +509,74 @@ async fn hammer_16_tasks_on_100_keys_pay_each_key_once() {
         (KEYS as i64, KEYS as i64)
     );
     drop(client);
+    fx.drop_schema().await;
+}
+
+/// The plain tower way: a `service_fn` takes its `Tx` out of the request's extensions. A copy
+/// kept past the answer (moved into a task) rolls the transaction back: 500, nothing paid.
+#[tokio::test]
+async fn a_plain_tower_service_takes_its_tx_from_the_extensions() {
+    let Some(fx) = Fixture::new().await else {
+        return;
+    };
+    let insert = fx.insert();
+    let (release_leak, leaked) = tokio::sync::watch::channel(false);
+    let service = tower::service_fn(move |mut request: Request<Body>| {
+        let mut leaked = leaked.clone();
+        async move {
+            let tx = request.extensions_mut().remove::<Tx>().unwrap();
+            let key = request.headers()["idempotency-key"]
+                .to_str()
+                .unwrap()
+                .to_owned();
+            tx.execute(insert, &[&key, &"1"]).await.unwrap();
+            if key == "leak-1" {
+                // Keeps a copy of the transaction past the answer.
+                tokio::spawn(async move {
+                    let _ = leaked.wait_for(|go| *go).await;
+                    drop(tx);
+                });
+            }
+            Ok::<_, std::convert::Infallible>(Response::new(Body::from("paid")))
+        }
+    });
+    let app = tower::ServiceBuilder::new()
+        .layer(PgIdempotencyLayer::new(fx.store.clone(), config()))
+        .service(service);
+    let paid = app.clone().oneshot(pay("plain-1")).await.unwrap();
+    assert_eq!(paid.status(), StatusCode::OK);
+    assert_eq!(fx.payments("plain-1").await, 1);
+    let kept = app.clone().oneshot(pay("leak-1")).await.unwrap();
+    assert_eq!(kept.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    release_leak.send(true).unwrap();
+    // The kept copy goes back to the pool once dropped: no connection of the pool may still be
+    // in that transaction (its INSERT would commit with the next user's work).
+    let pool = fx.store.pool();
+    let mut open = 1;
+    for _ in 0..200 {
+        let size = pool.status().max_size;
+        let mut clients = Vec::new();
+        for _ in 0..size {
+            clients.push(pool.get().await.unwrap());
+        }
+        open = 0;
+        for client in &clients {
+            let row = client
+                .query_one("SELECT txid_current_if_assigned() IS NOT NULL", &[])
+                .await
+                .unwrap();
+            open += usize::from(row.get::<_, bool>(0));
+        }
+        if open == 0 {
+            break;
+        }
+        drop(clients);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        open, 0,
+        "a pooled connection is still in the kept transaction"
+    );
+    assert_eq!(fx.payments("leak-1").await, 0);
     fx.drop_schema().await;
 }
