@@ -214,5 +214,25 @@ mod tests {
         assert_eq!(payment, first);
         let (status, _) = call(&app, "POST", "/orders", &format!("{key}-order")).await;
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "no items");
+        // Leaves the shared schema as it was: the payment and its record go.
+        let store = PostgresStore::connect(
+            PostgresConfig::new(&url)
+                .unwrap()
+                .with_schema(NAMESPACE)
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+        let client = store.pool().get().await.unwrap();
+        let deleted = client
+            .execute(
+                "DELETE FROM axum_payments.payments WHERE provider_key LIKE $1 || '#%'",
+                &[&key],
+            )
+            .await
+            .unwrap();
+        assert_eq!(deleted, 1, "one payment for the key");
+        let record = idem::RecordKey::unscoped(idem::IdempotencyKey::new(&key).unwrap());
+        assert!(idem::Store::delete(&store, &record).await.unwrap());
     }
 }
