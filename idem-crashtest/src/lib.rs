@@ -1,8 +1,14 @@
-//! Crash tests of idem that need more than one store (`tests/shared_transaction.rs`): a worker
+//! Crash tests of idem that need more than one crate (`tests/shared_transaction.rs`): a worker
 //! process whose side effect is an INSERT into PostgreSQL is killed with `kill -9` at random
 //! moments and restarted while the queue redelivers jobs, once with the redb store and once
 //! with the PostgreSQL store in the same transaction as the INSERT; the test counts the effects
 //! that ran twice.
+//!
+//! `tests/http_crash.rs` does the same over real HTTP: a server process whose axum handler
+//! INSERTs a payment is killed with `kill -9` at random moments while a client retries 1,000
+//! keyed requests, once behind idem-http-postgres's `PgIdempotencyLayer` (the INSERT and the
+//! stored response in one transaction: zero doubled, zero lost, asserted) and once behind
+//! idem-http's plain layer on the PostgreSQL store (its doubled payments printed).
 //!
 //! This crate is not published: it exists because a store crate never depends on another
 //! store. The library only holds the arithmetic the test reports with.

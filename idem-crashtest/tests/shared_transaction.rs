@@ -19,19 +19,20 @@
 )]
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use idem_core::{Bytes, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyKey, RecordKey, Store};
 use idem_crashtest::EffectCounts;
-use idem_store_postgres::tokio_postgres::{self, NoTls};
+use idem_store_postgres::tokio_postgres;
 use idem_store_postgres::{PostgresConfig, PostgresStore};
 use idem_store_redb::RedbStore;
-use idem_testkit::probe::{require_tcp, service_url};
 use rand::Rng;
+
+mod common;
+use common::{TestSchema, connect, postgres_up, runtime, spawn_child, url};
 
 const JOBS: i32 = 1_000;
 /// Restarts allowed before the test gives up.
@@ -44,77 +45,15 @@ const ENV_MODE: &str = "IDEM_DEMO_MODE";
 const ENV_SCHEMA: &str = "IDEM_DEMO_SCHEMA";
 const ENV_REDB: &str = "IDEM_DEMO_REDB";
 
-fn url() -> String {
-    service_url(
-        "IDEM_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    )
-}
-
-fn postgres_up() -> bool {
-    let config: tokio_postgres::Config = url().parse().expect("IDEM_TEST_POSTGRES_URL parses");
-    let host = match config.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
-        _ => "127.0.0.1".to_owned(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    require_tcp("PostgreSQL", &format!("{host}:{port}"))
-}
-
-async fn connect() -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(&url(), NoTls).await.unwrap();
-    tokio::spawn(connection);
-    client
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 /// A schema of the test's own: the queue, the effects, and (PostgreSQL mode) the store.
-/// Dropped with everything in it at the end.
-struct TestSchema(String);
-
-impl TestSchema {
-    fn create() -> Self {
-        let name = format!("idem_demo_{:016x}", rand::random::<u64>());
-        runtime().block_on(async {
-            connect()
-                .await
-                .batch_execute(&format!(
-                    "CREATE SCHEMA {name};
-                     CREATE TABLE {name}.effects (job integer NOT NULL,
-                                                  at timestamptz NOT NULL DEFAULT clock_timestamp());
-                     CREATE TABLE {name}.acks (job integer PRIMARY KEY,
-                                               at timestamptz NOT NULL DEFAULT clock_timestamp());"
-                ))
-                .await
-                .unwrap();
-        });
-        TestSchema(name)
-    }
-}
-
-impl Drop for TestSchema {
-    fn drop(&mut self) {
-        let name = self.0.clone();
-        let dropped = std::thread::spawn(move || {
-            runtime().block_on(async {
-                connect()
-                    .await
-                    .batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"))
-                    .await
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("could not drop test schema {}: {dropped:?}", self.0);
-        }
-    }
+fn test_schema() -> TestSchema {
+    TestSchema::create(
+        "idem_demo",
+        "CREATE TABLE {schema}.effects (job integer NOT NULL,
+                                        at timestamptz NOT NULL DEFAULT clock_timestamp());
+         CREATE TABLE {schema}.acks (job integer PRIMARY KEY,
+                                     at timestamptz NOT NULL DEFAULT clock_timestamp());",
+    )
 }
 
 fn request(job: i32, lease: Duration) -> ClaimRequest {
@@ -265,28 +204,15 @@ fn child_worker_of_the_shared_transaction_test() {
 }
 
 fn spawn_worker(mode: &str, schema: &str, redb: Option<&Path>) -> (Child, mpsc::Receiver<String>) {
-    let mut command = Command::new(std::env::current_exe().unwrap());
-    command
-        .args([
-            "--ignored",
-            "--exact",
-            "child_worker_of_the_shared_transaction_test",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(ENV_MODE, mode)
-        .env(ENV_SCHEMA, schema)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    if let Some(path) = redb {
-        command.env(ENV_REDB, path);
+    let redb = redb.map(|path| path.display().to_string());
+    let mut envs = vec![(ENV_MODE, mode), (ENV_SCHEMA, schema)];
+    if let Some(path) = &redb {
+        envs.push((ENV_REDB, path));
     }
-    let mut child = command.spawn().unwrap();
-    let stdout = child.stdout.take().unwrap();
+    let (child, lines) = spawn_child("child_worker_of_the_shared_transaction_test", &envs);
     let (events, received) = mpsc::channel();
     std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
+        for line in lines {
             for event in ["READY", "DONE"] {
                 if line.contains(event) {
                     let _ = events.send(event.to_owned());
@@ -374,7 +300,7 @@ fn redb_store_doubles_effects_only_by_a_crash_between_effect_and_completion() {
     if !postgres_up() {
         return;
     }
-    let schema = TestSchema::create();
+    let schema = test_schema();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("worker.redb");
     let (kills, counts) = demonstrate(
@@ -396,7 +322,7 @@ fn postgres_in_the_same_transaction_never_doubles_an_effect() {
     if !postgres_up() {
         return;
     }
-    let schema = TestSchema::create();
+    let schema = test_schema();
     let config = PostgresConfig::new(&url())
         .unwrap()
         .with_schema(&schema.0)

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use deadpool_postgres::Transaction;
+use deadpool_postgres::{GenericClient, Transaction};
 use idem_core::{Bytes, ClaimOutcome, ClaimRequest, Failure, Lease, Store, StoreError};
 
 use crate::error::from_pg;
@@ -47,11 +47,14 @@ impl PostgresStore {
     /// [`Store::complete`] inside the caller's transaction: the result is recorded if and only
     /// if `tx` commits, so the business write made in `tx` and the completion commit together.
     ///
+    /// `tx` is a [`Transaction`], or a pooled connection on which the caller ran `BEGIN` (a
+    /// transaction that must outlive the borrow of its connection, as idem-http-postgres's).
+    ///
     /// # Errors
     /// As [`Store::complete`].
-    pub async fn complete_in(
+    pub async fn complete_in<C: GenericClient + Sync>(
         &self,
-        tx: &Transaction<'_>,
+        tx: &C,
         lease: &Lease,
         result: Bytes,
         retention: Duration,

@@ -3,8 +3,12 @@
 //! timeout never charges twice. See the README for a walk through it with curl.
 //!
 //! ```text
-//! axum-payments [--listen ADDR] [--store memory|redis://HOST:PORT|postgres://USER@HOST/DB|redb:PATH] [--provider-latency-ms N]
+//! axum-payments [--listen ADDR] [--store memory|redis://HOST:PORT|postgres://USER@HOST/DB|redb:PATH] [--tx] [--provider-latency-ms N]
 //! ```
+//!
+//! `--tx` (PostgreSQL only) keeps the payments in PostgreSQL and INSERTs each one in the
+//! transaction that records its response (idem-http-postgres): a crash never doubles or loses
+//! a payment.
 //!
 //! A charge at the simulated payment provider takes `--provider-latency-ms` (default 2000), long
 //! enough to send a concurrent retry by hand.
@@ -23,6 +27,9 @@ use axum::{Json, Router};
 use idem_http::{Config, IdempotencyContext, IdempotencyLayer};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
+
+#[cfg(feature = "postgres")]
+mod tx;
 
 /// A payment request.
 #[derive(Debug, Deserialize)]
@@ -81,16 +88,23 @@ fn problem(status: StatusCode, detail: &str) -> Response {
         .into_response()
 }
 
+/// The answer to a payment request that is refused before anything runs.
+fn invalid(new: &NewPayment) -> Option<Response> {
+    (new.amount == 0 || new.currency.len() != 3).then(|| {
+        problem(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "amount > 0 and a 3-letter currency",
+        )
+    })
+}
+
 async fn create_payment(
     State(db): State<Db>,
     ctx: IdempotencyContext,
     Json(new): Json<NewPayment>,
 ) -> Response {
-    if new.amount == 0 || new.currency.len() != 3 {
-        return problem(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "amount > 0 and a 3-letter currency",
-        );
+    if let Some(refused) = invalid(&new) {
+        return refused;
     }
     // The side effect: a charge at the provider, sent with the same idempotency key, so even
     // the provider sees one operation.
@@ -181,12 +195,29 @@ async fn layer(store: &str) -> Result<IdempotencyLayer, String> {
     Ok(IdempotencyLayer::from_arc(opened.store, config))
 }
 
+/// The API of `--tx`: PostgreSQL only.
+async fn tx_app(store: &str, latency: Duration) -> Result<Router, String> {
+    #[cfg(feature = "postgres")]
+    if store.starts_with("postgres://") || store.starts_with("postgresql://") {
+        return tx::app(store, latency).await;
+    }
+    let _ = latency;
+    Err(format!(
+        "--tx needs --store postgres://... (and the postgres feature), not {store:?}"
+    ))
+}
+
 async fn run() -> Result<(), String> {
     let mut listen = "127.0.0.1:3000".to_owned();
     let mut store = "memory".to_owned();
     let mut latency = Duration::from_secs(2);
+    let mut in_tx = false;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
+        if flag == "--tx" {
+            in_tx = true;
+            continue;
+        }
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--listen" => listen = value,
@@ -199,12 +230,16 @@ async fn run() -> Result<(), String> {
             }
             other => {
                 return Err(format!(
-                    "unknown flag {other}; usage: axum-payments [--listen ADDR] [--store memory|redis://HOST:PORT|postgres://USER@HOST/DB|redb:PATH] [--provider-latency-ms N]"
+                    "unknown flag {other}; usage: axum-payments [--listen ADDR] [--store memory|redis://HOST:PORT|postgres://USER@HOST/DB|redb:PATH] [--tx] [--provider-latency-ms N]"
                 ));
             }
         }
     }
-    let app = app(layer(&store).await?, latency);
+    let app = if in_tx {
+        tx_app(&store, latency).await?
+    } else {
+        app(layer(&store).await?, latency)
+    };
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
