@@ -44,6 +44,8 @@
 //!   listener with its graceful shutdown, and the admin endpoints (metrics, health, the key API,
 //!   the operator's page `/ui`);
 //! - [`normal_path`]: the normal form of a request path, which routes are matched against;
+//! - [`in_flight`]: the claims this gateway holds in flight, kept as they happen (what
+//!   `/metrics` reports, without scanning the store);
 //! - [`records`]: records as the admin tools show them (JSON and one line);
 //! - [`demo`]: the built-in upstream of `idem demo`.
 
@@ -54,6 +56,7 @@ pub mod commands;
 pub mod config;
 pub mod demo;
 pub mod gateway;
+pub mod in_flight;
 pub mod normal_path;
 pub mod proxy;
 pub mod records;

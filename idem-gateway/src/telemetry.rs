@@ -1,9 +1,18 @@
 //! Logs: tracing to stderr, as text or JSON lines, filtered by `RUST_LOG` or `[log] level`.
 //! Metrics: [`register_metrics`] describes every series the gateway exports and sets each at
-//! zero, so a scrape shows them all from the start.
+//! zero, so a scrape shows them all from the start; [`install_prometheus`] installs the
+//! recorder, behind a [`Tap`] that keeps the totals `/ui` shows rates of
+//! ([`counter_totals`]), so the page reads numbers instead of parsing the Prometheus text.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use idem_http::Outcome;
 use idem_http::metrics as layer;
+use metrics::{
+    Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
 use crate::admin::monitor;
@@ -145,4 +154,112 @@ pub fn register_metrics(store: &'static str) {
     ] {
         describe_gauge!(name, help);
     }
+}
+
+/// The totals of the counters of [`monitor::COUNTERS`], each summed over its labels, as the
+/// [`Tap`] of this process counted them.
+static TOTALS: [AtomicU64; monitor::COUNTERS.len()] =
+    [const { AtomicU64::new(0) }; monitor::COUNTERS.len()];
+
+/// Whether a [`Tap`] is this process's recorder (the totals are kept).
+static TAPPED: AtomicBool = AtomicBool::new(false);
+
+/// The totals of [`monitor::COUNTERS`] (in its order) since the [`Tap`] was installed, each
+/// summed over its labels: what `/ui` computes its rates from.
+#[must_use]
+pub fn counter_totals() -> [f64; monitor::COUNTERS.len()] {
+    #[allow(clippy::cast_precision_loss)]
+    TOTALS
+        .each_ref()
+        .map(|total| total.load(Ordering::Relaxed) as f64)
+}
+
+/// Whether the counters' totals are kept: a [`Tap`] was installed as this process's recorder.
+/// Without it (an embedder's own recorder) `/ui` says so instead of showing zeros.
+#[must_use]
+pub fn counters_tapped() -> bool {
+    TAPPED.load(Ordering::Relaxed)
+}
+
+/// A recorder that forwards everything to `R` and, for the counters of
+/// [`monitor::COUNTERS`], also adds each increment to a process-wide total
+/// ([`counter_totals`]). Every other metric is `R`'s own handle, untouched.
+#[derive(Debug)]
+pub struct Tap<R> {
+    inner: R,
+}
+
+impl<R: Recorder> Tap<R> {
+    /// Wraps `inner`: the totals count what goes through it ([`install_prometheus`] installs
+    /// one as the process's recorder).
+    pub fn new(inner: R) -> Self {
+        Tap { inner }
+    }
+}
+
+/// A counter of `R` whose increments are also added to one of [`TOTALS`].
+struct Teed {
+    inner: Counter,
+    total: &'static AtomicU64,
+}
+
+impl CounterFn for Teed {
+    fn increment(&self, value: u64) {
+        self.inner.increment(value);
+        self.total.fetch_add(value, Ordering::Relaxed);
+    }
+
+    /// Sets the series; the total, a sum of increments over every series of the name, does
+    /// not follow (no counter of [`monitor::COUNTERS`] is set this way).
+    fn absolute(&self, value: u64) {
+        self.inner.absolute(value);
+    }
+}
+
+impl<R: Recorder> Recorder for Tap<R> {
+    fn describe_counter(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.inner.describe_counter(key, unit, description);
+    }
+
+    fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.inner.describe_gauge(key, unit, description);
+    }
+
+    fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.inner.describe_histogram(key, unit, description);
+    }
+
+    fn register_counter(&self, key: &Key, metadata: &Metadata<'_>) -> Counter {
+        let counter = self.inner.register_counter(key, metadata);
+        match monitor::COUNTERS
+            .iter()
+            .position(|(_, name)| *name == key.name())
+        {
+            Some(i) => Counter::from_arc(Arc::new(Teed {
+                inner: counter,
+                total: &TOTALS[i],
+            })),
+            None => counter,
+        }
+    }
+
+    fn register_gauge(&self, key: &Key, metadata: &Metadata<'_>) -> Gauge {
+        self.inner.register_gauge(key, metadata)
+    }
+
+    fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> Histogram {
+        self.inner.register_histogram(key, metadata)
+    }
+}
+
+/// Installs the Prometheus recorder behind a [`Tap`] as this process's recorder, and returns
+/// the handle that renders it (`None` when a recorder is installed already). The caller runs
+/// the handle's upkeep.
+#[must_use]
+pub fn install_prometheus() -> Option<PrometheusHandle> {
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::set_global_recorder(Tap::new(recorder)).ok()?;
+    TAPPED.store(true, Ordering::Relaxed);
+    Some(handle)
 }
