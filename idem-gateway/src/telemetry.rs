@@ -263,3 +263,46 @@ pub fn install_prometheus() -> Option<PrometheusHandle> {
     TAPPED.store(true, Ordering::Relaxed);
     Some(handle)
 }
+
+#[cfg(test)]
+mod tests {
+    use idem_testkit::recorder::CountingRecorder;
+
+    use super::*;
+
+    #[test]
+    fn the_tap_sums_the_counters_of_the_page_and_forwards_every_metric() {
+        let tap = Tap::new(CountingRecorder::default());
+        let before = counter_totals();
+        metrics::with_local_recorder(&tap, || {
+            metrics::counter!(layer::REQUESTS, "outcome" => "executed").increment(1);
+            metrics::counter!(layer::REQUESTS, "outcome" => "replayed").increment(3);
+            metrics::counter!(layer::REPLAYS).increment(2);
+            metrics::counter!(layer::CLAIMS_ACQUIRED).increment(7);
+            metrics::histogram!(layer::STORE_SECONDS).record(0.5);
+        });
+        let after = counter_totals();
+        let added = |name: &str| {
+            let i = monitor::COUNTERS
+                .iter()
+                .position(|(_, metric)| *metric == name)
+                .unwrap_or_else(|| panic!("{name} is not on the page"));
+            after[i] - before[i]
+        };
+        assert!((added(layer::REQUESTS) - 4.0).abs() < f64::EPSILON);
+        assert!((added(layer::REPLAYS) - 2.0).abs() < f64::EPSILON);
+        assert!(added(layer::MISMATCHES).abs() < f64::EPSILON);
+        // The recorder behind it got every increment and value, as without the tap.
+        assert_eq!(
+            tap.inner.get("idem_http_requests_total{outcome=executed}"),
+            1
+        );
+        assert_eq!(
+            tap.inner.get("idem_http_requests_total{outcome=replayed}"),
+            3
+        );
+        assert_eq!(tap.inner.get("idem_duplicates_replayed_total{}"), 2);
+        assert_eq!(tap.inner.get("idem_claims_acquired_total{}"), 7);
+        assert_eq!(tap.inner.get("idem_store_operation_seconds{}"), 1);
+    }
+}
