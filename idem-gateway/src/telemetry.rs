@@ -134,14 +134,17 @@ pub fn register_metrics(store: &'static str) {
         }
     }
     for (name, help) in [
-        (monitor::IN_FLIGHT, "Records in flight in the store"),
+        (
+            monitor::IN_FLIGHT,
+            "Claims this gateway holds in flight (each gateway counts its own)",
+        ),
         (
             monitor::IN_FLIGHT_LAPSED,
-            "Records in flight whose lease lapsed (a crashed holder, not yet taken over)",
+            "Claims this gateway holds whose lease lapsed (the store did not take its heartbeats or completion)",
         ),
         (
             monitor::OLDEST_IN_FLIGHT,
-            "Age of the oldest record in flight, in seconds",
+            "Age of this gateway's oldest claim in flight, in seconds",
         ),
         (
             monitor::STORE_RECORDS,
