@@ -631,6 +631,38 @@ async fn metrics_show_this_gateways_claims_in_flight_without_scanning_the_store(
     assert!(faults.scans.load(Ordering::SeqCst) > 0);
 }
 
+/// `/ui`'s counters are the totals the recorder keeps, not numbers parsed back out of the
+/// Prometheus text: with a renderer that renders nothing, the page still counts the replay.
+/// Before, it parsed the rendered text and showed 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pages_counters_come_from_the_recorder_not_its_text() {
+    // This process's recorder, behind the tap that keeps the totals.
+    let _ = metrics_recorder();
+    let fixture = Fixture::start();
+    let blank: idem_gateway::admin::RenderMetrics = std::sync::Arc::new(String::new);
+    let gateway = Gateway::start_with_metrics(
+        &config_with(fixture.addr, "", &Overrides::default()),
+        Some(blank),
+    )
+    .await;
+    let admin = gateway.admin.clone().unwrap();
+    let http = Http::new();
+    let echo = gateway.url("/echo");
+    assert_eq!(http.post_key(&echo, "tapped", "x").await.status, 201);
+    assert!(http.post_key(&echo, "tapped", "x").await.replayed());
+    let page = http
+        .send(Method::GET, &format!("{admin}/ui"), &[], "")
+        .await
+        .text();
+    let replays: f64 = page
+        .split_once("<code>idem_duplicates_replayed_total</code></td><td class=\"n\">")
+        .and_then(|(_, rest)| rest.split_once('<'))
+        .and_then(|(total, _)| total.parse().ok())
+        .unwrap_or_else(|| panic!("no replay total in:\n{page}"));
+    // Other tests of this process replay too: at least this one.
+    assert!(replays >= 1.0, "{page}");
+}
+
 /// Evictions by the memory store's bounds reach `/metrics`, by the bound that evicted: a
 /// retry of an evicted key runs again, which an operator has to see. So do the records and
 /// bytes the store holds.
