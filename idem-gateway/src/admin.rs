@@ -197,6 +197,14 @@ impl Admin {
         }
     }
 
+    /// The same admin, its in-flight gauges reporting the claims of `index` (the index the
+    /// gateway's store keeps: [`crate::in_flight::Watched`]). Without it they are not set.
+    #[must_use]
+    pub fn with_in_flight(mut self, index: Arc<crate::in_flight::InFlightIndex>) -> Self {
+        self.monitor = Arc::new(Monitor::watching(index));
+        self
+    }
+
     /// Says that the gateway is shutting down (it no longer accepts and finishes its in-flight
     /// requests): from now on `/readyz` answers 503 `draining`, on this admin and its clones,
     /// so a load balancer that still asks stops sending. `/healthz` stays 200 until the end.
@@ -287,13 +295,13 @@ impl Admin {
     /// Serves the admin endpoints on `listener` until `shutdown` resolves.
     pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()>) {
         // Samples the counters for the rates of `/ui`.
-        let sampler = self.metrics.clone().map(|render| {
+        let sampler = self.metrics.as_ref().map(|_| {
             let monitor = self.monitor.clone();
             tokio::spawn(async move {
                 let mut every = tokio::time::interval(monitor::SAMPLE_EVERY);
                 loop {
                     every.tick().await;
-                    monitor.sample(&render);
+                    monitor.sample();
                 }
             })
         });

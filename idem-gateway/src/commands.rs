@@ -17,6 +17,7 @@ use crate::cli::{Cli, Command, KeysCommand, StoreCommand};
 use crate::config::toml::OnStoreError;
 use crate::config::{self, Config, ConfigError, StoreSpec};
 use crate::gateway::{Gateway, check_routes};
+use crate::in_flight::{InFlightIndex, Watched};
 use crate::proxy::Tracker;
 use crate::records::{
     ArgNames, page_json, record_json, record_key, record_line, record_text, scan_query,
@@ -209,6 +210,10 @@ async fn serve_gateway(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Running, Failure> {
     crate::telemetry::register_metrics(config.store.spec.kind());
+    // The claims made through this gateway, kept as they happen: what `/metrics` reports
+    // without scanning the store.
+    let in_flight = Arc::new(InFlightIndex::new());
+    let store: Arc<dyn Store> = Arc::new(Watched::new(store, in_flight.clone()));
     let tracker = Tracker::new();
     let addr = config.server.listen;
     let listeners = crate::server::bind_workers(addr, config.server.workers)
@@ -228,14 +233,15 @@ async fn serve_gateway(
         }
         None => None,
     };
-    let workers = workers(config, &store, own_stores, &tracker, listeners)?;
+    let workers = workers(config, &store, own_stores, &in_flight, &tracker, listeners)?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     // The admin listener outlives the drain (it answers `/readyz` 503 meanwhile): it stops on
     // a channel of its own, once the serving threads are done.
     let (admin_stop, admin_stopped) = tokio::sync::watch::channel(false);
     let (admin, draining) = match admin_listener {
         Some((settings, admin_listener, addr)) => {
-            let admin = Admin::new(store.clone(), settings.token.clone(), metrics);
+            let admin = Admin::new(store.clone(), settings.token.clone(), metrics)
+                .with_in_flight(in_flight);
             let draining = admin.clone();
             let mut admin_stopped = admin_stopped;
             tokio::spawn(admin.serve(admin_listener, async move {
@@ -274,12 +280,13 @@ async fn serve_gateway(
 }
 
 /// One [`Worker`] per listener, each with its own runtime and [`Gateway`] (and its own store
-/// connection when `own_stores`). On a failure the runtimes made so far are shut down without
+/// connection when `own_stores`, which keeps its claims in `in_flight` too). On a failure the runtimes made so far are shut down without
 /// blocking, so this may be called from inside a runtime (dropping one there would panic).
 fn workers(
     config: &Config,
     store: &Arc<dyn Store>,
     own_stores: bool,
+    in_flight: &Arc<InFlightIndex>,
     tracker: &Tracker,
     listeners: Vec<std::net::TcpListener>,
 ) -> Result<Vec<Worker>, Failure> {
@@ -298,6 +305,7 @@ fn workers(
             run_on(&runtime, crate::store::open_to_serve(&config.store))
                 .map_err(Failure::runtime)
                 .and_then(|opened| opened)
+                .map(|store| -> Arc<dyn Store> { Arc::new(Watched::new(store, in_flight.clone())) })
         } else {
             Ok(store.clone())
         };

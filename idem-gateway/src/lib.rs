@@ -46,6 +46,8 @@
 //! - [`fence`]: the attempt's fence and number as request headers to the upstream, and the
 //!   client's copies removed;
 //! - [`normal_path`]: the normal form of a request path, which routes are matched against;
+//! - [`in_flight`]: the claims this gateway holds in flight, kept as they happen (what
+//!   `/metrics` reports, without scanning the store);
 //! - [`records`]: records as the admin tools show them (JSON and one line);
 //! - [`demo`]: the built-in upstream of `idem demo`.
 
@@ -57,6 +59,7 @@ pub mod config;
 pub mod demo;
 pub mod fence;
 pub mod gateway;
+pub mod in_flight;
 pub mod normal_path;
 pub mod proxy;
 pub mod records;

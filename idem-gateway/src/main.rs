@@ -9,13 +9,12 @@ use clap::Parser;
 use idem_gateway::admin::RenderMetrics;
 use idem_gateway::cli::Cli;
 use idem_gateway::commands;
-use metrics_exporter_prometheus::PrometheusBuilder;
 
 /// Installs the Prometheus recorder (the binary's alone: libraries only emit through the
-/// `metrics` facade) and returns what renders it. Histograms are kept as summaries; their
-/// upkeep runs every few seconds on its own thread.
+/// `metrics` facade), behind the tap that keeps `/ui`'s totals, and returns what renders it.
+/// Histograms are kept as summaries; their upkeep runs every few seconds on its own thread.
 fn install_metrics() -> Option<RenderMetrics> {
-    let handle = PrometheusBuilder::new().install_recorder().ok()?;
+    let handle = idem_gateway::telemetry::install_prometheus()?;
     let upkeep = handle.clone();
     let _ = std::thread::Builder::new()
         .name("metrics-upkeep".into())

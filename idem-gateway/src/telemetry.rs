@@ -1,9 +1,18 @@
 //! Logs: tracing to stderr, as text or JSON lines, filtered by `RUST_LOG` or `[log] level`.
 //! Metrics: [`register_metrics`] describes every series the gateway exports and sets each at
-//! zero, so a scrape shows them all from the start.
+//! zero, so a scrape shows them all from the start; [`install_prometheus`] installs the
+//! recorder, behind a [`Tap`] that keeps the totals `/ui` shows rates of
+//! ([`counter_totals`]), so the page reads numbers instead of parsing the Prometheus text.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use idem_http::Outcome;
 use idem_http::metrics as layer;
+use metrics::{
+    Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
 use crate::admin::monitor;
@@ -110,14 +119,17 @@ pub fn register_metrics(store: &'static str) {
         }
     }
     for (name, help) in [
-        (monitor::IN_FLIGHT, "Records in flight in the store"),
+        (
+            monitor::IN_FLIGHT,
+            "Claims this gateway holds in flight (each gateway counts its own)",
+        ),
         (
             monitor::IN_FLIGHT_LAPSED,
-            "Records in flight whose lease lapsed (a crashed holder, not yet taken over)",
+            "Claims this gateway holds whose lease lapsed (the store did not take its heartbeats or completion)",
         ),
         (
             monitor::OLDEST_IN_FLIGHT,
-            "Age of the oldest record in flight, in seconds",
+            "Age of this gateway's oldest claim in flight, in seconds",
         ),
         (
             monitor::STORE_RECORDS,
@@ -129,5 +141,156 @@ pub fn register_metrics(store: &'static str) {
         ),
     ] {
         describe_gauge!(name, help);
+    }
+}
+
+/// The totals of the counters of [`monitor::COUNTERS`], each summed over its labels, as the
+/// [`Tap`] of this process counted them.
+static TOTALS: [AtomicU64; monitor::COUNTERS.len()] =
+    [const { AtomicU64::new(0) }; monitor::COUNTERS.len()];
+
+/// Whether a [`Tap`] is this process's recorder (the totals are kept).
+static TAPPED: AtomicBool = AtomicBool::new(false);
+
+/// The totals of [`monitor::COUNTERS`] (in its order) since the [`Tap`] was installed, each
+/// summed over its labels: what `/ui` computes its rates from.
+#[must_use]
+pub fn counter_totals() -> [f64; monitor::COUNTERS.len()] {
+    #[allow(clippy::cast_precision_loss)]
+    TOTALS
+        .each_ref()
+        .map(|total| total.load(Ordering::Relaxed) as f64)
+}
+
+/// Whether the counters' totals are kept: a [`Tap`] was installed as this process's recorder.
+/// Without it (an embedder's own recorder) `/ui` says so instead of showing zeros.
+#[must_use]
+pub fn counters_tapped() -> bool {
+    TAPPED.load(Ordering::Relaxed)
+}
+
+/// A recorder that forwards everything to `R` and, for the counters of
+/// [`monitor::COUNTERS`], also adds each increment to a process-wide total
+/// ([`counter_totals`]). Every other metric is `R`'s own handle, untouched.
+#[derive(Debug)]
+pub struct Tap<R> {
+    inner: R,
+}
+
+impl<R: Recorder> Tap<R> {
+    /// Wraps `inner`: the totals count what goes through it ([`install_prometheus`] installs
+    /// one as the process's recorder).
+    pub fn new(inner: R) -> Self {
+        Tap { inner }
+    }
+}
+
+/// A counter of `R` whose increments are also added to one of [`TOTALS`].
+struct Teed {
+    inner: Counter,
+    total: &'static AtomicU64,
+}
+
+impl CounterFn for Teed {
+    fn increment(&self, value: u64) {
+        self.inner.increment(value);
+        self.total.fetch_add(value, Ordering::Relaxed);
+    }
+
+    /// Sets the series; the total, a sum of increments over every series of the name, does
+    /// not follow (no counter of [`monitor::COUNTERS`] is set this way).
+    fn absolute(&self, value: u64) {
+        self.inner.absolute(value);
+    }
+}
+
+impl<R: Recorder> Recorder for Tap<R> {
+    fn describe_counter(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.inner.describe_counter(key, unit, description);
+    }
+
+    fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.inner.describe_gauge(key, unit, description);
+    }
+
+    fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.inner.describe_histogram(key, unit, description);
+    }
+
+    fn register_counter(&self, key: &Key, metadata: &Metadata<'_>) -> Counter {
+        let counter = self.inner.register_counter(key, metadata);
+        match monitor::COUNTERS
+            .iter()
+            .position(|(_, name)| *name == key.name())
+        {
+            Some(i) => Counter::from_arc(Arc::new(Teed {
+                inner: counter,
+                total: &TOTALS[i],
+            })),
+            None => counter,
+        }
+    }
+
+    fn register_gauge(&self, key: &Key, metadata: &Metadata<'_>) -> Gauge {
+        self.inner.register_gauge(key, metadata)
+    }
+
+    fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> Histogram {
+        self.inner.register_histogram(key, metadata)
+    }
+}
+
+/// Installs the Prometheus recorder behind a [`Tap`] as this process's recorder, and returns
+/// the handle that renders it (`None` when a recorder is installed already). The caller runs
+/// the handle's upkeep.
+#[must_use]
+pub fn install_prometheus() -> Option<PrometheusHandle> {
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::set_global_recorder(Tap::new(recorder)).ok()?;
+    TAPPED.store(true, Ordering::Relaxed);
+    Some(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use idem_testkit::recorder::CountingRecorder;
+
+    use super::*;
+
+    #[test]
+    fn the_tap_sums_the_counters_of_the_page_and_forwards_every_metric() {
+        let tap = Tap::new(CountingRecorder::default());
+        let before = counter_totals();
+        metrics::with_local_recorder(&tap, || {
+            metrics::counter!(layer::REQUESTS, "outcome" => "executed").increment(1);
+            metrics::counter!(layer::REQUESTS, "outcome" => "replayed").increment(3);
+            metrics::counter!(layer::REPLAYS).increment(2);
+            metrics::counter!(layer::CLAIMS_ACQUIRED).increment(7);
+            metrics::histogram!(layer::STORE_SECONDS).record(0.5);
+        });
+        let after = counter_totals();
+        let added = |name: &str| {
+            let i = monitor::COUNTERS
+                .iter()
+                .position(|(_, metric)| *metric == name)
+                .unwrap_or_else(|| panic!("{name} is not on the page"));
+            after[i] - before[i]
+        };
+        assert!((added(layer::REQUESTS) - 4.0).abs() < f64::EPSILON);
+        assert!((added(layer::REPLAYS) - 2.0).abs() < f64::EPSILON);
+        assert!(added(layer::MISMATCHES).abs() < f64::EPSILON);
+        // The recorder behind it got every increment and value, as without the tap.
+        assert_eq!(
+            tap.inner.get("idem_http_requests_total{outcome=executed}"),
+            1
+        );
+        assert_eq!(
+            tap.inner.get("idem_http_requests_total{outcome=replayed}"),
+            3
+        );
+        assert_eq!(tap.inner.get("idem_duplicates_replayed_total{}"), 2);
+        assert_eq!(tap.inner.get("idem_claims_acquired_total{}"), 7);
+        assert_eq!(tap.inner.get("idem_store_operation_seconds{}"), 1);
     }
 }

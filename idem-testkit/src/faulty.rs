@@ -43,6 +43,8 @@ pub struct Faults {
     pub heartbeats: AtomicU32,
     /// How many releases were asked for.
     pub releases: AtomicU32,
+    /// How many scan pages were asked for.
+    pub scans: AtomicU32,
 }
 
 /// Wraps `S`; every operation goes to it unless a switch of [`Faults`] makes it fail.
@@ -144,6 +146,7 @@ impl<S: Store> Store for FaultyStore<S> {
     }
 
     async fn scan(&self, query: &ScanQuery) -> Result<ScanPage, StoreError> {
+        self.faults.scans.fetch_add(1, Ordering::SeqCst);
         self.inner.scan(query).await
     }
 }

@@ -1,8 +1,12 @@
-//! What the admin listener measures beyond the request path: the in-flight records of the
-//! store (how many, how many whose lease lapsed with no retry to take them over, the age of the
-//! oldest) and, where the store knows them at once, its records and bytes, exported as gauges
-//! when `/metrics` is scraped, and the rates of the main counters over the last minute, read
-//! back from the Prometheus text the recorder renders.
+//! What the admin listener measures beyond the request path: the claims this gateway holds in
+//! flight (how many, how many whose lease lapsed, the age of the oldest), read from the
+//! [`InFlightIndex`] its store keeps as the claims happen, and, where the store knows them at
+//! once, its records and bytes: exported as gauges when `/metrics` is scraped, without a scan
+//! of the store. Also the rates of the main counters over the last minute, read from the totals
+//! the metrics recorder keeps ([`crate::telemetry::install_prometheus`]).
+//!
+//! `/ui` still lists the in-flight records of the whole store ([`InFlight::scan`]) when an
+//! operator opens it: that is a page asked for, not a scrape every few seconds.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -12,14 +16,16 @@ use idem_core::{
     Clock, Record, ScanPage, ScanQuery, State, Store, StoreError, StoreStats, SystemClock,
 };
 
-use super::RenderMetrics;
+use crate::in_flight::{InFlightCount, InFlightIndex};
 
-/// In-flight records, gauge, updated from a scan of the store when `/metrics` is scraped.
+/// The claims this gateway holds in flight, gauge (see [`crate::in_flight`] for what a
+/// gateway among several reports).
 pub const IN_FLIGHT: &str = "idem_gateway_in_flight_records";
-/// In-flight records whose lease has lapsed (the holder crashed and no retry has come to take
-/// the key over), gauge. Such a record stays visible for one more lease, then expires.
+/// Of this gateway's claims in flight, those whose lease has lapsed (its heartbeat or
+/// settling got no answer from the store), gauge. Such a claim counts until another attempt
+/// takes it over, or one more lease, when the store's record expires.
 pub const IN_FLIGHT_LAPSED: &str = "idem_gateway_in_flight_lapsed_records";
-/// The age of the oldest in-flight record, in seconds (0 when there is none), gauge.
+/// The age of this gateway's oldest claim in flight, in seconds (0 when there is none), gauge.
 pub const OLDEST_IN_FLIGHT: &str = "idem_gateway_oldest_in_flight_seconds";
 
 /// The records the store holds, gauge, where it knows at once (the memory store).
@@ -28,13 +34,9 @@ pub const STORE_RECORDS: &str = "idem_gateway_store_records";
 /// memory store with `[store] memory_max_bytes`).
 pub const STORE_BYTES: &str = "idem_gateway_store_bytes";
 
-/// At most this many pages of in-flight records are read per scan (a page is 100 records).
+/// At most this many pages of in-flight records are read per scan of `/ui` (a page is 100
+/// records).
 pub const MAX_SCAN_PAGES: usize = 10;
-/// A scan answered within this long is reused instead of scanning again (scrapes that come
-/// together cost one scan).
-const SCAN_CACHE: Duration = Duration::from_secs(5);
-/// How long a scan may take before it is given up.
-const SCAN_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often the counters are sampled for the rates.
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(5);
 /// The window of the rates.
@@ -101,15 +103,14 @@ impl InFlight {
             oldest,
         })
     }
+}
 
-    fn export(&self) {
-        #[allow(clippy::cast_precision_loss)]
-        {
-            metrics::gauge!(IN_FLIGHT).set(self.records.len() as f64);
-            metrics::gauge!(IN_FLIGHT_LAPSED).set(self.lapsed as f64);
-        }
-        metrics::gauge!(OLDEST_IN_FLIGHT).set(self.oldest.as_secs_f64());
-    }
+/// Sets the gauges of this gateway's claims in flight.
+#[allow(clippy::cast_precision_loss)]
+fn export_in_flight(count: InFlightCount) {
+    metrics::gauge!(IN_FLIGHT).set(count.records as f64);
+    metrics::gauge!(IN_FLIGHT_LAPSED).set(count.lapsed as f64);
+    metrics::gauge!(OLDEST_IN_FLIGHT).set(count.oldest.as_secs_f64());
 }
 
 /// Sets the gauges of what the store holds.
@@ -131,19 +132,6 @@ pub const COUNTERS: [(&str, &str); 7] = [
     ("lease losses", idem_http::metrics::LEASE_LOSSES),
     ("store errors", idem_http::metrics::STORE_ERRORS),
 ];
-
-/// The sum over every label set of `name` in Prometheus text.
-#[must_use]
-pub fn sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter(|line| {
-            line.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .fold(0.0, |sum, value| sum + value)
-}
 
 /// One counter: its value now and its rate per second over the window.
 #[derive(Clone, Debug)]
@@ -170,55 +158,43 @@ pub struct Rates {
 type Sample = (Instant, [f64; COUNTERS.len()]);
 
 /// What the admin listener measures; shared by its connections.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Monitor {
     samples: Mutex<VecDeque<Sample>>,
-    scanned: tokio::sync::Mutex<Option<(Instant, Arc<InFlight>)>>,
-}
-
-impl Default for Monitor {
-    fn default() -> Self {
-        Monitor::new()
-    }
+    in_flight: Option<Arc<InFlightIndex>>,
 }
 
 impl Monitor {
-    /// Nothing measured yet.
+    /// Nothing measured yet, and no claims to report: the in-flight gauges are not set.
     #[must_use]
     pub fn new() -> Self {
+        Monitor::default()
+    }
+
+    /// Nothing measured yet; the in-flight gauges report the claims of `index` (the one the
+    /// gateway's store keeps: [`crate::in_flight::Watched`]).
+    #[must_use]
+    pub fn watching(index: Arc<InFlightIndex>) -> Self {
         Monitor {
-            samples: Mutex::new(VecDeque::new()),
-            scanned: tokio::sync::Mutex::new(None),
+            samples: Mutex::default(),
+            in_flight: Some(index),
         }
     }
 
-    /// Sets the store's own gauges, then scans the in-flight records (or reuses a scan of the
-    /// last 5 s) and sets theirs. A scan that fails or takes over 2 s leaves them as they were.
+    /// Sets the gauges: the store's own where it knows them at once ([`Store::stats`]), and
+    /// this gateway's claims in flight from its index. Reads no record of the store.
     pub async fn refresh_gauges(&self, store: &dyn Store) {
         if let Some(stats) = store.stats() {
             export_stats(stats);
         }
-        let mut scanned = self.scanned.lock().await;
-        if scanned
-            .as_ref()
-            .is_some_and(|(at, _)| at.elapsed() < SCAN_CACHE)
-        {
-            return;
-        }
-        match tokio::time::timeout(SCAN_TIMEOUT, InFlight::scan(store)).await {
-            Ok(Ok(in_flight)) => {
-                in_flight.export();
-                *scanned = Some((Instant::now(), Arc::new(in_flight)));
-            }
-            Ok(Err(err)) => tracing::warn!(error = %err, "admin: the in-flight scan failed"),
-            Err(_) => tracing::warn!("admin: the in-flight scan took over {SCAN_TIMEOUT:?}"),
+        if let Some(index) = &self.in_flight {
+            export_in_flight(index.count());
         }
     }
 
-    /// Records the counters' values now.
-    pub fn sample(&self, render: &RenderMetrics) {
-        let text = render();
-        let values = COUNTERS.map(|(_, name)| sum(&text, name));
+    /// Records the counters' totals now.
+    pub fn sample(&self) {
+        let values = crate::telemetry::counter_totals();
         let now = Instant::now();
         let mut samples = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
         samples.push_back((now, values));
@@ -232,8 +208,8 @@ impl Monitor {
 
     /// The counters now, with their rates over the last minute (or what has been sampled).
     #[must_use]
-    pub fn rates(&self, render: &RenderMetrics) -> Rates {
-        self.sample(render);
+    pub fn rates(&self) -> Rates {
+        self.sample();
         let samples = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(&(now, latest)) = samples.back() else {
             return Rates {
@@ -257,22 +233,5 @@ impl Monitor {
             })
             .collect();
         Rates { counters, window }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sums_a_counter_over_its_labels() {
-        let text = "# TYPE idem_http_requests_total counter\n\
-            idem_http_requests_total{outcome=\"executed\"} 3\n\
-            idem_http_requests_total{outcome=\"a b\"} 2\n\
-            idem_http_requests_total_other 100\n\
-            idem_mismatches_total 1\n";
-        assert!((sum(text, "idem_http_requests_total") - 5.0).abs() < f64::EPSILON);
-        assert!((sum(text, "idem_mismatches_total") - 1.0).abs() < f64::EPSILON);
-        assert!(sum(text, "idem_lease_takeovers_total").abs() < f64::EPSILON);
     }
 }

@@ -310,11 +310,15 @@ impl Page<'_> {
 
     fn rates(&self, body: &mut String) {
         body.push_str("<h2>Rates</h2>\n");
-        let Some(render) = self.metrics else {
+        if self.metrics.is_none() {
             body.push_str("<p>No metrics recorder in this process: counters are not kept.</p>\n");
             return;
-        };
-        let rates = self.monitor.rates(render);
+        }
+        if !crate::telemetry::counters_tapped() {
+            body.push_str("<p>This process's metrics recorder keeps no totals for this page: install it with <code>telemetry::install_prometheus</code>.</p>\n");
+            return;
+        }
+        let rates = self.monitor.rates();
         let window = if rates.window.is_zero() {
             "last minute".to_owned()
         } else {

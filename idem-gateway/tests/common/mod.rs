@@ -307,9 +307,7 @@ pub fn metrics_recorder() -> RenderMetrics {
     static RENDER: OnceLock<RenderMetrics> = OnceLock::new();
     RENDER
         .get_or_init(|| {
-            let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
-                .install_recorder()
-                .unwrap();
+            let handle = idem_gateway::telemetry::install_prometheus().unwrap();
             Arc::new(move || handle.render())
         })
         .clone()
