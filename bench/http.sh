@@ -6,7 +6,9 @@
 # commands per request from INFO commandstats. The CPU columns are the fixture's own CPU time per
 # request, with the ratio bare/layer in parentheses (1.00 = no overhead); the last line gives
 # the difference, the CPU the layer adds to each request. A row for `--floor`, a minimal stand-in
-# for the layer, shows how much of that any idempotency layer pays.
+# for the layer, shows how much of that any idempotency layer pays; on Redis, `--floor --store
+# redis://` does the same with its records in Redis (the least a Redis-backed layer sends), and
+# the Redis server's own CPU per request (INFO cpu) stands beside each Redis row.
 #
 #   bench/http.sh                 # memory store, and Redis if `--store redis://` is accepted
 #   DURATION=30s bench/http.sh    # longer runs
@@ -80,14 +82,26 @@ calls() {
         | awk -F'[:=,]' -v re="$1" '$1 ~ /^cmdstat_/ { name = substr($1, 9); if (name ~ re) sum += $3 } END { print sum + 0 }'
 }
 
+# redis_cpu: the Redis server's CPU seconds so far (used_cpu_user + used_cpu_sys).
+redis_cpu() {
+    redis-cli -u "$REDIS_URL" info cpu | tr -d '\r' \
+        | awk -F: '/^used_cpu_(user|sys):/ { s += $2 } END { printf "%.6f", s }'
+}
+
 declare -A result
 run_case() { # run_case <name> <script> <fixture args...>
-    local name=$1 script=$2
+    local name=$1 script=$2 before
     shift 2
     start "$@" || return 1
     # Warm up the connections and the allocator.
     wrk -t"$THREADS" -c"$CONNECTIONS" -d2s -s "bench/http/$script" "http://$addr" >/dev/null
+    # Runs on Redis also take the Redis server's CPU per request (it shares the cores).
+    case $name in redis_*) before=$(redis_cpu) ;; esac
     read -r result[$name] result[${name}_cpu] <<<"$(measure "$script")"
+    case $name in redis_*)
+        result[${name}_server]=$(awk -v b="$before" -v a="$(redis_cpu)" -v rps="${result[$name]}" \
+            -v d="${DURATION%s}" 'BEGIN { printf "%.1f", (a - b) * 1e6 / (rps * d) }') ;;
+    esac
     cleanup
     pid=""
 }
@@ -115,6 +129,10 @@ if redis-cli -u "$REDIS_URL" ping >/dev/null 2>&1 && start --store "$REDIS_URL" 
     cleanup; pid=""; redis=true
     run_case redis_unique unique-keys.lua --store "$REDIS_URL"
     run_case redis_replay replay.lua --store "$REDIS_URL"
+    # The floor on Redis: --floor with its records in Redis, the least any Redis-backed layer
+    # sends (SET NX GET to claim, a plain SET to complete; one SET NX GET for a replay).
+    run_case redis_floor_unique unique-keys.lua --floor --store "$REDIS_URL"
+    run_case redis_floor_replay replay.lua --floor --store "$REDIS_URL"
     # Round trips (the commands the store sends: SET, GET, DEL, EVALSHA) and the commands the
     # compare-and-set script runs inside the server (one GET and one SET per EVALSHA, which
     # INFO commandstats counts under get and set too), per request.
@@ -157,7 +175,11 @@ row "layer, memory store at its steady size ($STEADY records, every claim evicts
 # added <prefix> <kind>: the fixture's CPU per request with the layer minus without it, in us.
 added() { awk -v a="${result[${1}_${2}_cpu]}" -v b="${result[bare_${2}_cpu]}" 'BEGIN { printf "%.1f", a - b }'; }
 if $redis; then
+    row "floor on Redis (--floor --store redis://: the least a Redis-backed layer does)" redis_floor
     row "layer, Redis store" redis
+    echo
+    echo "Redis server CPU per request (INFO cpu, the same runs): floor on Redis ${result[redis_floor_unique_server]} us per first execution, ${result[redis_floor_replay_server]} us per replay; layer ${result[redis_unique_server]} us and ${result[redis_replay_server]} us"
+    echo "fixture CPU the layer on Redis adds over the floor on Redis: $(awk -v a="${result[redis_unique_cpu]}" -v b="${result[redis_floor_unique_cpu]}" 'BEGIN { printf "%.1f", a - b }') us per first execution, $(awk -v a="${result[redis_replay_cpu]}" -v b="${result[redis_floor_replay_cpu]}" 'BEGIN { printf "%.1f", a - b }') us per replay; the floor's two round trips add $(awk -v a="${result[redis_floor_unique_cpu]}" -v b="${result[floor_unique_cpu]}" 'BEGIN { printf "%.1f", a - b }') us per first execution over the floor in memory"
     echo
     echo "Redis round trips (commands sent) per request: first execution ${result[redis_unique_trips]}, replay ${result[redis_replay_trips]}, conflict ${result[redis_conflict_trips]}"
     echo "(commands the compare-and-set script runs inside the server, per request: ${result[redis_unique_inside]}, ${result[redis_replay_inside]} and ${result[redis_conflict_inside]})"

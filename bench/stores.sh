@@ -4,7 +4,11 @@
 #   - PostgreSQL: claim + complete cycles per second of PostgresStore
 #     (idem-store-postgres/examples/postgres_claim_complete.rs) at 1 and 16 tasks, next to a
 #     plain INSERT + UPDATE of one row with the same driver and pool (two autocommit
-#     statements, like the store's two transitions);
+#     statements, like the store's two transitions), and two columns that show where the
+#     store's time goes: "by hand", the store's own two statements (create-if-absent,
+#     compare-and-set) bound and sent by the plain client without the store's Rust around
+#     them, and "wide", a plain INSERT + UPDATE of the same record columns in the store's own
+#     table (its row width and indexes). The columns' runs alternate in SLICES slices each;
 #   - redb: claim + complete cycles per second of RedbStore
 #     (idem-store-redb/examples/redb_claim_complete.rs) at 1 and 16 tasks, next to plain redb:
 #     one insert and one update per cycle, each a durable write transaction (redb's defaults,
@@ -12,7 +16,7 @@
 # Each prints cycles/s and the ratio store / baseline.
 #
 #   bench/stores.sh
-#   SECONDS_PER_RUN=10 TASKS="1 16 64" bench/stores.sh
+#   SECONDS_PER_RUN=10 SLICES=10 TASKS="1 16 64" bench/stores.sh
 #   IDEM_BENCH_POSTGRES_URL=postgres://user@host:5432/db bench/stores.sh   # another server
 #   IDEM_BENCH_DIR=/mnt/ssd bench/stores.sh                                # redb files there
 #

@@ -29,7 +29,8 @@
 //! - `--bare`: no layer (the baseline of the benchmarks).
 //! - `--floor`: for benchmarks only, a minimal stand-in for the layer (see `floor.rs`): what any
 //!   idempotency layer does on a request, with everything that makes idem-http a usable one
-//!   taken out; `bench/http.sh` measures it as a second reference.
+//!   taken out; `bench/http.sh` measures it as a second reference. Its records are in memory,
+//!   or with `--store redis://...` in Redis (the least a Redis-backed layer sends).
 //! - `--help`: this usage on stdout, exit 0. A bad flag or value is an error on stderr, exit 2.
 //!
 //! Routes: the five routes of the table below `/counter` are behind the layer, which covers
@@ -341,6 +342,21 @@ async fn open_store(
     Ok((opened.store, opened.label))
 }
 
+/// `--floor`'s layer: its records in this process, or in Redis with `--store redis://...`.
+async fn floor_layer(args: &Args) -> Result<floor::FloorLayer, String> {
+    #[cfg(feature = "redis")]
+    if args.store.starts_with("redis://") {
+        let prefix = args.namespace.as_deref().unwrap_or(NAMESPACE);
+        return floor::FloorLayer::redis(&args.store, prefix, args.lease, args.retention).await;
+    }
+    match args.store.as_str() {
+        "memory" => Ok(floor::FloorLayer::default()),
+        other => Err(format!(
+            "--floor keeps its records in memory or redis://, not {other}"
+        )),
+    }
+}
+
 async fn app(args: &Args) -> Result<Router, String> {
     let counter = Counter::default();
     // Every method reaches the handler; the layer decides which it covers (POST and PATCH).
@@ -354,7 +370,7 @@ async fn app(args: &Args) -> Result<Router, String> {
     let covered = if args.bare {
         covered
     } else if args.floor {
-        covered.route_layer(floor::FloorLayer::default())
+        covered.route_layer(floor_layer(args).await?)
     } else {
         covered.route_layer(layer(args).await?)
     };

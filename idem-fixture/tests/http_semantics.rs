@@ -929,12 +929,28 @@ async fn a_redis_cluster_store_runs_each_key_once() {
 /// execution per key, the retry answered from what it kept, another body 422, no key 400.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_floor_runs_a_key_once() {
-    let fixture = Fixture::start("memory", &["--floor"]);
+    floor_runs_a_key_once("memory").await;
+}
+
+/// The same with `--store redis://...`: the floor keeps its records in Redis (`SET NX GET`,
+/// then `SET`), and a retry gets the status, headers and body back from there, also from
+/// another fixture process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_floor_on_redis_runs_a_key_once() {
+    let Some(url) = support::redis_url() else {
+        return;
+    };
+    floor_runs_a_key_once(&url).await;
+}
+
+async fn floor_runs_a_key_once(store: &str) {
+    let fixture = Fixture::start(store, &["--floor"]);
     let key = unique("floor");
     let first = fixture.post("/echo", &key, "a").await;
     assert_eq!(first.status, StatusCode::CREATED);
     let again = fixture.post("/echo", &key, "a").await;
-    assert_eq!((again.status, again.body), (first.status, first.body));
+    assert_eq!((again.status, &again.body), (first.status, &first.body));
+    assert_eq!(again.header("content-type"), first.header("content-type"));
     assert_eq!(
         fixture.post("/echo", &key, "b").await.status,
         StatusCode::UNPROCESSABLE_ENTITY
@@ -944,4 +960,11 @@ async fn the_floor_runs_a_key_once() {
         .await;
     assert_eq!(status, 400);
     assert_eq!(fixture.counter().await, 1);
+    if store != "memory" {
+        // The record is in Redis, not in the process: another fixture replays it.
+        let second = Fixture::start(store, &["--floor"]);
+        let replay = second.post("/echo", &key, "a").await;
+        assert_eq!((replay.status, &replay.body), (first.status, &first.body));
+        assert_eq!(second.counter().await, 0);
+    }
 }

@@ -3,19 +3,28 @@
 //!
 //! ```text
 //! cargo run --release -p idem-store-postgres --example postgres_claim_complete
-//! SECONDS_PER_RUN=10 TASKS="1 16 64" IDEM_BENCH_POSTGRES_URL=postgres://... cargo run ...
+//! SECONDS_PER_RUN=10 SLICES=10 TASKS="1 16 64" IDEM_BENCH_POSTGRES_URL=postgres://... cargo run ...
 //! ```
 //!
 //! Works in a schema of its own (`idem_bench_<random>`), dropped at the end. Each cycle is two
-//! statements and two commits in both cases: the store's claim and complete, or the baseline's
-//! insert and update of one row, on a new key every cycle.
+//! statements and two commits in every column, on a new key every cycle:
+//! - `store`: `PostgresStore::claim` and `complete`;
+//! - `by hand`: the store's own two statements (create-if-absent, compare-and-set), prepared
+//!   and bound by this client with the values the store would send, without the store's Rust
+//!   (machine, driver, decoding): what the store's SQL costs, its floor here;
+//! - `wide`: a plain `INSERT` and `UPDATE` of the same record columns in the store's own table
+//!   (its row width and its three indexes), without the store's statement shape;
+//! - `baseline`: a plain `INSERT` and `UPDATE` of a narrow row in a table with only its key.
 
 use std::error::Error;
 use std::num::NonZeroUsize;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use idem_core::{Bytes, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyKey, RecordKey, Store};
+use idem_store_postgres::deadpool_postgres::Pool;
+use idem_store_postgres::tokio_postgres::Row as PgRow;
+use idem_store_postgres::tokio_postgres::types::ToSql;
 use idem_store_postgres::{PostgresConfig, PostgresStore};
 
 type BoxError = Box<dyn Error + Send + Sync>;
@@ -88,57 +97,113 @@ async fn main() -> Result<(), BoxError> {
         "postgres {version}, {} cores, {seconds}s per run, pool of {pool_size}",
         std::thread::available_parallelism().map_or(1, NonZeroUsize::get)
     );
-    println!(
-        "{:>6} {:>14} {:>14} {:>7}",
-        "tasks", "store c/s", "baseline c/s", "ratio"
+    let (create, swap) = store.primitive_sql();
+    let (create, swap) = (create.to_owned(), swap.to_owned());
+    let table = format!("{schema}.idem_records");
+    let wide_insert = format!(
+        "INSERT INTO {table} (scope, key, state, fingerprint, owner, fence, lease_until, attempt, \
+         created_at, expires_at) VALUES ('', $1, 'in_flight', $2, $3::text::uuid, 1, $4, 1, $4, $5)"
     );
-    for (round, &n) in tasks.iter().enumerate() {
-        let s = store.clone();
-        let store_rate = measure(n, for_how_long, move |task, i| {
-            let s = s.clone();
-            async move {
-                let name = format!("s{round}-{task}-{i}");
-                let request = ClaimRequest::new(
-                    RecordKey::unscoped(IdempotencyKey::new(&name)?),
-                    Fingerprint::of(&[name.as_bytes()]),
-                    Duration::from_secs(30),
-                );
-                let ClaimOutcome::Acquired { lease, .. } = s.claim(&request).await? else {
-                    return Err(format!("{name} was not acquired").into());
-                };
-                s.complete(
-                    &lease,
-                    Bytes::from_static(b"result"),
-                    Duration::from_secs(3600),
-                )
-                .await?;
-                Ok(())
-            }
-        })
-        .await?;
-        let pool = store.pool().clone();
-        let insert = format!("INSERT INTO {schema}.plain (k, state) VALUES ($1, 'in_flight')");
-        let update =
-            format!("UPDATE {schema}.plain SET state = 'completed', result = $2 WHERE k = $1");
-        let plain_rate = measure(n, for_how_long, move |task, i| {
-            let pool = pool.clone();
-            let (insert, update) = (insert.clone(), update.clone());
-            async move {
-                let name = format!("p{round}-{task}-{i}");
-                let client = pool.get().await?;
-                let statement = client.prepare_cached(&insert).await?;
-                client.execute(&statement, &[&name]).await?;
-                let statement = client.prepare_cached(&update).await?;
-                client
-                    .execute(&statement, &[&name, &&b"result"[..]])
+    let wide_update = format!(
+        "UPDATE {table} SET state = 'completed', completed_at = $2, expires_at = $3, \
+         result = $4, version = version + 1 WHERE scope = '' AND key = $1"
+    );
+    println!(
+        "{:>6} {:>11} {:>11} {:>11} {:>12} {:>7} {:>9} {:>7}",
+        "tasks", "store c/s", "by hand", "wide", "baseline c/s", "ratio", "by hand", "wide"
+    );
+    // Each column runs in `slices` slices that alternate with the other columns', so that a
+    // change in the machine's load (it is shared) hits every column alike; a column's figure is
+    // the mean of its slices.
+    let slices: u32 = env_or("SLICES", "5").parse::<u32>()?.max(1);
+    let slice = for_how_long / slices;
+    for (index, &n) in tasks.iter().enumerate() {
+        let mut sums = [0.0f64; 4];
+        for part in 0..slices {
+            let round = index * 1000 + part as usize;
+            let s = store.clone();
+            let store_rate = measure(n, slice, move |task, i| {
+                let s = s.clone();
+                async move {
+                    let name = format!("s{round}-{task}-{i}");
+                    let request = ClaimRequest::new(
+                        RecordKey::unscoped(IdempotencyKey::new(&name)?),
+                        Fingerprint::of(&[name.as_bytes()]),
+                        Duration::from_secs(30),
+                    );
+                    let ClaimOutcome::Acquired { lease, .. } = s.claim(&request).await? else {
+                        return Err(format!("{name} was not acquired").into());
+                    };
+                    s.complete(
+                        &lease,
+                        Bytes::from_static(b"result"),
+                        Duration::from_secs(3600),
+                    )
                     .await?;
-                Ok(())
+                    Ok(())
+                }
+            })
+            .await?;
+            let insert = format!("INSERT INTO {schema}.plain (k, state) VALUES ($1, 'in_flight')");
+            let update =
+                format!("UPDATE {schema}.plain SET state = 'completed', result = $2 WHERE k = $1");
+            let plain = Cycle {
+                prefix: "p",
+                sql: [insert, update],
+                params: |r, step| match step {
+                    0 => vec![&r.key],
+                    _ => vec![&r.key, &r.result],
+                },
+                check: |_| Ok(()),
+            };
+            let plain_rate = plain.measure(store.pool(), round, n, slice).await?;
+            let hand = Cycle {
+                prefix: "h",
+                sql: [create.clone(), swap.clone()],
+                params: |r, step| match step {
+                    0 => r.claim(),
+                    _ => {
+                        let mut params = r.complete();
+                        params.push(&0i64);
+                        params
+                    }
+                },
+                check: |answers| {
+                    let created = answers[0].first().map(|row| row.try_get::<_, bool>(13));
+                    let swapped = answers[1]
+                        .first()
+                        .map(|row| row.try_get::<_, Option<i64>>(13));
+                    match (created, swapped) {
+                        (Some(Ok(true)), Some(Ok(Some(_)))) => Ok(()),
+                        other => Err(format!("not created and swapped: {other:?}").into()),
+                    }
+                },
+            };
+            let hand_rate = hand.measure(store.pool(), round, n, slice).await?;
+            let wide = Cycle {
+                prefix: "w",
+                sql: [wide_insert.clone(), wide_update.clone()],
+                params: |r, step| match step {
+                    0 => vec![&r.key, &r.fingerprint, &r.owner, &r.now, &r.lease_until],
+                    _ => vec![&r.key, &r.now, &r.expires_at, &r.result],
+                },
+                check: |_| Ok(()),
+            };
+            let wide_rate = wide.measure(store.pool(), round, n, slice).await?;
+            for (sum, rate) in sums
+                .iter_mut()
+                .zip([store_rate, hand_rate, wide_rate, plain_rate])
+            {
+                *sum += rate / f64::from(slices);
             }
-        })
-        .await?;
+        }
+        let [store_rate, hand_rate, wide_rate, plain_rate] = sums;
         println!(
-            "{n:>6} {store_rate:>14.0} {plain_rate:>14.0} {:>7.2}",
-            store_rate / plain_rate
+            "{n:>6} {store_rate:>11.0} {hand_rate:>11.0} {wide_rate:>11.0} {plain_rate:>12.0} \
+             {:>7.2} {:>9.2} {:>7.2}",
+            store_rate / plain_rate,
+            hand_rate / plain_rate,
+            wide_rate / plain_rate,
         );
     }
     let client = store.pool().get().await?;
@@ -146,4 +211,121 @@ async fn main() -> Result<(), BoxError> {
         .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
         .await?;
     Ok(())
+}
+
+/// A cycle of the plain client: two statements on one pooled connection, each prepared once
+/// per connection, for a new key `{prefix}{round}-{task}-{i}` every cycle.
+#[derive(Clone)]
+struct Cycle {
+    prefix: &'static str,
+    sql: [String; 2],
+    /// The parameters of statement 0 or 1 for a record.
+    params: for<'a> fn(&'a Row, usize) -> Vec<&'a (dyn ToSql + Sync)>,
+    /// Whether the two answers are those of a cycle that did its work.
+    check: fn(&[Vec<PgRow>; 2]) -> Result<(), BoxError>,
+}
+
+impl Cycle {
+    /// Cycles per second of `tasks` tasks for `for_how_long`.
+    async fn measure(
+        self,
+        pool: &Pool,
+        round: usize,
+        tasks: usize,
+        for_how_long: Duration,
+    ) -> Result<f64, BoxError> {
+        let pool = pool.clone();
+        measure(tasks, for_how_long, move |task, i| {
+            let (pool, cycle) = (pool.clone(), self.clone());
+            async move {
+                let record = Row::new(&format!("{}{round}-{task}-{i}", cycle.prefix));
+                let client = pool.get().await?;
+                let mut answers = [Vec::new(), Vec::new()];
+                for (step, sql) in cycle.sql.iter().enumerate() {
+                    let statement = client.prepare_cached(sql).await?;
+                    answers[step] = client
+                        .query(&statement, &(cycle.params)(&record, step))
+                        .await?;
+                }
+                (cycle.check)(&answers)
+            }
+        })
+        .await
+    }
+}
+
+/// The values of one record as the store sends them (see `PostgresStore::primitive_sql`):
+/// $1 scope, $2 key, $3..$14 the record columns, $15 the version read (compare-and-set).
+struct Row {
+    scope: String,
+    key: String,
+    fingerprint: Vec<u8>,
+    owner: String,
+    now: SystemTime,
+    completed_at: Option<SystemTime>,
+    lease_until: SystemTime,
+    expires_at: SystemTime,
+    result: Option<Vec<u8>>,
+}
+
+impl Row {
+    fn new(key: &str) -> Row {
+        let now = SystemTime::now();
+        Row {
+            scope: String::new(),
+            key: key.to_owned(),
+            fingerprint: Fingerprint::of(&[key.as_bytes()]).as_bytes().to_vec(),
+            owner: format!("{:032x}", rand::random::<u128>()),
+            now,
+            completed_at: Some(now),
+            lease_until: now + Duration::from_secs(30),
+            expires_at: now + Duration::from_secs(3600),
+            result: Some(b"result".to_vec()),
+        }
+    }
+
+    /// The parameters of the claim's create-if-absent: an in-flight record at fence 1.
+    fn claim(&self) -> Vec<&(dyn ToSql + Sync)> {
+        const NO_TIME: Option<SystemTime> = None;
+        const NO_BYTES: Option<Vec<u8>> = None;
+        self.columns(&"in_flight", &NO_TIME, &self.lease_until, &NO_BYTES)
+    }
+
+    /// The parameters of the completion's compare-and-set, but its version.
+    fn complete(&self) -> Vec<&(dyn ToSql + Sync)> {
+        self.columns(
+            &"completed",
+            &self.completed_at,
+            &self.expires_at,
+            &self.result,
+        )
+    }
+
+    /// $1 to $14 of a record in `state` (no failure) at fence 1, attempt 1.
+    fn columns<'a>(
+        &'a self,
+        state: &'a (dyn ToSql + Sync),
+        completed_at: &'a (dyn ToSql + Sync),
+        expires_at: &'a (dyn ToSql + Sync),
+        result: &'a (dyn ToSql + Sync),
+    ) -> Vec<&'a (dyn ToSql + Sync)> {
+        const NO_TEXT: Option<String> = None;
+        const NO_FLAG: Option<bool> = None;
+        vec![
+            &self.scope,
+            &self.key,
+            state,
+            &self.fingerprint,
+            &self.owner,
+            &1i64,
+            &self.lease_until,
+            &1i32,
+            &self.now,
+            completed_at,
+            expires_at,
+            result,
+            &NO_TEXT,
+            &NO_FLAG,
+        ]
+    }
 }

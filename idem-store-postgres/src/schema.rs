@@ -279,11 +279,12 @@ pub(crate) struct Statements {
     /// The record columns, then its version (column 12).
     pub(crate) read: String,
     /// $3..$14 the record columns; inserts if the key is absent and $6 (the fence) is above
-    /// the fence floor. Answers the columns of the row the statement's snapshot saw (NULL: none),
-    /// its version, whether it inserted (column 13) and the floor (column 14).
+    /// the fence floor. Answers whether it inserted (column 13); when it did not, also the
+    /// columns of the row the statement's snapshot saw (NULL: none), its version and the floor
+    /// (column 14).
     pub(crate) create: String,
-    /// $3..$14 the record columns, $15 the version read. Answers the columns and version of the
-    /// row the snapshot saw, then the new version if it wrote (column 13).
+    /// $3..$14 the record columns, $15 the version read. Answers the new version if it wrote
+    /// (column 13), else NULL there and the columns and version of the row the snapshot saw.
     pub(crate) swap: String,
     /// $3 the time from which the row counts as absent (its fence stays), $4 the version read.
     /// Writes only over a row that keeps the record invariants.
@@ -312,10 +313,20 @@ impl Statements {
         let names = COLUMNS.join(", ");
         let read =
             format!("SELECT {cols_t}, t.version FROM {table} t WHERE t.scope = $1 AND t.key = $2");
-        let seen = |written: &str| {
+        // The answer of a write whose CTE `cte` answers `mark` (column 13) when it wrote: that
+        // row alone, the record columns NULL; else the row the statement's snapshot saw, and
+        // `lost` as columns 13 on. Only a write that did not happen reads the row (a gate that
+        // PostgreSQL evaluates once), and the common answer is one narrow row.
+        let nulls = "NULL::text, NULL::bytea, NULL::text, NULL::bigint, NULL::timestamptz, \
+            NULL::integer, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::bytea, \
+            NULL::text, NULL::boolean, NULL::bigint";
+        let seen = |cte: &str, mark: &str, lost: &str| {
             format!(
-                "SELECT {cols_t}, t.version, {written}
-FROM (SELECT 1) one LEFT JOIN {table} t ON t.scope = $1 AND t.key = $2"
+                "SELECT {nulls}, {mark} FROM {cte}
+UNION ALL
+SELECT {cols_t}, t.version, {lost}
+FROM (SELECT 1) one LEFT JOIN {table} t ON t.scope = $1 AND t.key = $2
+WHERE NOT EXISTS (SELECT 1 FROM {cte})"
             )
         };
         let create = format!(
@@ -327,9 +338,11 @@ FROM (SELECT 1) one LEFT JOIN {table} t ON t.scope = $1 AND t.key = $2"
     RETURNING 1
 )
 {}",
-            seen(&format!(
-                "EXISTS (SELECT 1 FROM ins), (SELECT f.fence FROM {floor} f)"
-            ))
+            seen(
+                "ins",
+                "true, NULL::bigint",
+                &format!("false, (SELECT f.fence FROM {floor} f)")
+            )
         );
         let set = COLUMNS
             .iter()
@@ -350,7 +363,7 @@ FROM (SELECT 1) one LEFT JOIN {table} t ON t.scope = $1 AND t.key = $2"
     RETURNING t.version
 )
 {}",
-                seen("(SELECT upd.version FROM upd)"),
+                seen("upd", "upd.version", "NULL::bigint"),
                 valid_t = valid("t"),
             )
         };

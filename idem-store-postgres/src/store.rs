@@ -218,6 +218,16 @@ impl PostgresStore {
         &self.inner.schema
     }
 
+    /// The SQL of the create-if-absent and compare-and-set primitives, as the store prepares
+    /// them: for `bench/stores.sh`, which drives them by hand to measure what the statements
+    /// cost without the store's Rust around them. Their parameters are described in the
+    /// crate's source (`schema.rs`); they are no stable interface.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn primitive_sql(&self) -> (&str, &str) {
+        (&self.inner.sql.create, &self.inner.sql.swap)
+    }
+
     /// Moves this store's clock forward by `by`, for every clone of it: the store adds the
     /// offset to the server's `clock_timestamp()` in every statement.
     ///

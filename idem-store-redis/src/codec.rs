@@ -73,18 +73,19 @@ pub(crate) fn encode_value(record: &Record, threshold: usize) -> Result<Vec<u8>,
     Ok(out)
 }
 
-/// The slot in `raw`, read at the Redis key `stored_key` for `expected` (when known). A record
-/// of another key (a digest collision) is `Corrupt`.
+/// The slot in `raw`, read at the Redis key that `stored_key` spells (called only for an error
+/// about a value read without an `expected` key: a replay does not pay for it) for `expected`
+/// (when known). A record of another key (a digest collision) is `Corrupt`.
 ///
 /// # Errors
 /// [`StoreError::Corrupt`] for anything this layout does not write.
 pub(crate) fn decode_value(
-    stored_key: &str,
+    stored_key: &dyn Fn() -> String,
     expected: Option<&RecordKey>,
     raw: &[u8],
     max_result: usize,
 ) -> Result<Slot, StoreError> {
-    let name = || expected.map_or_else(|| stored_key.to_owned(), ToString::to_string);
+    let name = || expected.map_or_else(stored_key, ToString::to_string);
     let corrupt = |reason: &str| StoreError::Corrupt {
         key: name(),
         reason: reason.to_owned(),
@@ -225,13 +226,13 @@ mod tests {
         ] {
             let record = record(state, result);
             let raw = encode_value(&record, 1024).unwrap();
-            let slot = decode_value("k", Some(&key()), &raw, 1 << 20).unwrap();
+            let slot = decode_value(&|| "k".into(), Some(&key()), &raw, 1 << 20).unwrap();
             assert_eq!(slot, Slot::Record(record));
         }
         let raw = encode_tombstone(Fence::new(9));
         assert_eq!(raw.len(), TOMBSTONE_LEN);
         assert_eq!(
-            decode_value("k", None, &raw, 0).unwrap(),
+            decode_value(&|| "k".into(), None, &raw, 0).unwrap(),
             Slot::Tombstone(Fence::new(9))
         );
     }
@@ -241,18 +242,18 @@ mod tests {
         let raw = encode_value(&record(State::Completed, &[7; 5000]), 1024).unwrap();
         assert_eq!(raw[2], LZ4);
         for len in 0..raw.len() {
-            let read = decode_value("k", Some(&key()), &raw[..len], 1 << 20);
+            let read = decode_value(&|| "k".into(), Some(&key()), &raw[..len], 1 << 20);
             assert!(matches!(read, Err(StoreError::Corrupt { .. })), "{len}");
         }
         // Over the result limit, another key, another layout, a zero fence.
-        assert!(decode_value("k", Some(&key()), &raw, 100).is_err());
+        assert!(decode_value(&|| "k".into(), Some(&key()), &raw, 100).is_err());
         let other = RecordKey::unscoped(IdempotencyKey::new("other").unwrap());
-        assert!(decode_value("k", Some(&other), &raw, 1 << 20).is_err());
+        assert!(decode_value(&|| "k".into(), Some(&other), &raw, 1 << 20).is_err());
         let mut later = raw.clone();
         later[0] = 2;
-        assert!(decode_value("k", None, &later, 1 << 20).is_err());
-        assert!(decode_value("k", None, &encode_tombstone(Fence::new(0)), 0).is_err());
-        assert!(decode_value("k", None, b"?", 0).is_err());
+        assert!(decode_value(&|| "k".into(), None, &later, 1 << 20).is_err());
+        assert!(decode_value(&|| "k".into(), None, &encode_tombstone(Fence::new(0)), 0).is_err());
+        assert!(decode_value(&|| "k".into(), None, b"?", 0).is_err());
     }
 
     #[test]

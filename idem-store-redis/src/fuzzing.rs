@@ -16,7 +16,7 @@ pub fn decode_value(
     raw: &[u8],
     max_result: usize,
 ) -> Result<Slot, StoreError> {
-    crate::codec::decode_value("fuzz", expected, raw, max_result)
+    crate::codec::decode_value(&|| "fuzz".into(), expected, raw, max_result)
 }
 
 /// The value of `record` as the store writes it, its result lz4-compressed when over

@@ -112,7 +112,8 @@ impl Backend {
         match value {
             Value::Nil => Ok(None),
             Value::BulkString(raw) => {
-                let slot = decode_value(&self.redis_key(key), Some(key), &raw, self.max_result())?;
+                let stored = || self.redis_key(key);
+                let slot = decode_value(&stored, Some(key), &raw, self.max_result())?;
                 Ok(Some(Versioned {
                     slot,
                     version: Version::new(raw),

@@ -221,7 +221,7 @@ async fn read_records(
                 redis::Value::BulkString(raw) => raw,
                 _ => return Err(corrupt("the key holds no record value")),
             };
-            match decode_value(key, None, &raw, backend.max_result())? {
+            match decode_value(&|| key.clone(), None, &raw, backend.max_result())? {
                 Slot::Tombstone(_) => Ok(None),
                 Slot::Record(record) if layout::redis_key(namespace, &record.key) == *key => {
                     Ok(Some(record))

@@ -144,6 +144,66 @@ async fn every_transition_is_the_fewest_commands() {
     eprintln!("commands per operation:\n  {}", report.join("\n  "));
 }
 
+/// The compare-and-set method follows what the server takes, asked of the server itself: a
+/// `SET ... IFEQ` probe. Where it takes `IFEQ` (Redis 8.4, Valkey 8.1), a completion is one plain
+/// `SET` (and a lost one a `GET` after it); where it does not (this machine's Redis 7.0), the
+/// store falls back to the script, and a completion is one `EVALSHA` (one `GET` and one `SET`
+/// inside). Both ways the completed record replays. With no `IFEQ` server here, the `IFEQ` path
+/// runs only where `redis-server` is 8.4 or later; the test says so on stderr.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_and_set_uses_ifeq_only_where_the_server_takes_it() {
+    if !have_redis_binaries() {
+        return;
+    }
+    let server = ServerProcess::start(&[]);
+    let store = connect(&server.url(), |c| c).await;
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let probe: redis::RedisResult<redis::Value> = redis::cmd("SET")
+        .arg("ifeq-probe")
+        .arg("v")
+        .arg("IFEQ")
+        .arg("w")
+        .query(&mut conn);
+    let takes_ifeq = probe.is_ok();
+    let chosen = format!("{store:?}");
+    let (method, want) = if takes_ifeq {
+        ("IfEq", BTreeMap::from([("set".to_owned(), 1)]))
+    } else {
+        (
+            "Script",
+            BTreeMap::from([
+                ("evalsha".to_owned(), 1),
+                ("get".to_owned(), 1),
+                ("set".to_owned(), 1),
+            ]),
+        )
+    };
+    assert!(
+        chosen.contains(&format!("swap: {method}")),
+        "the server {} IFEQ, the store chose: {chosen}",
+        if takes_ifeq { "takes" } else { "refuses" }
+    );
+    let k = key("ifeq");
+    let lease = acquire(&store, &k).await;
+    let (done, delta) = counted(
+        &mut conn,
+        store.complete(&lease, Bytes::from_static(b"result"), RETENTION),
+    )
+    .await;
+    done.unwrap();
+    assert_eq!(delta, want, "a completion with {method}");
+    let replay = store.claim(&request(&k)).await.unwrap();
+    assert!(matches!(replay, ClaimOutcome::Completed(_)), "{replay:?}");
+    if !takes_ifeq {
+        eprintln!(
+            "note: this redis-server has no SET IFEQ: the script fallback ran, the IFEQ path did not"
+        );
+    }
+}
+
 /// With the server killed mid-test, every operation answers `Unavailable` or `Timeout` within
 /// the command timeout; after it is back on the same port, the same store value works again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
