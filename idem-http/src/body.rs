@@ -1,6 +1,7 @@
 //! Bodies: the request body read with a limit, and [`ResponseBody`], the body of every response
 //! that leaves the layer.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
@@ -10,7 +11,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idem_core::BoxError;
 use pin_project_lite::pin_project;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 /// Why a request body could not be captured.
 #[derive(Debug)]
@@ -69,7 +70,14 @@ pin_project! {
     #[project = KindProj]
     enum Kind<B> {
         Inner { #[pin] body: B },
-        Full { data: Option<Bytes>, trailers: Option<Box<HeaderMap>> },
+        Full {
+            data: Option<Bytes>,
+            // The end waits for this (the record's completion) after the data, if set.
+            settled: Option<oneshot::Receiver<()>>,
+            trailers: Option<Box<HeaderMap>>,
+            // Its length is announced (else the handler announced none: the body stays unsized).
+            sized: bool,
+        },
         Stream { frames: mpsc::Receiver<StreamFrame>, hint: SizeHint, done: bool },
     }
 }
@@ -100,10 +108,25 @@ impl<B> ResponseBody<B> {
 
     /// A body held in memory, followed by the handler's trailers if it sent any.
     pub(crate) fn collected(data: Bytes, trailers: Option<HeaderMap>) -> Self {
+        ResponseBody::whole(data, trailers, None, true)
+    }
+
+    /// A handler's body read whole: `sized` if the handler announced its length (a body it
+    /// did not is passed on without one, as the handler framed it). Its end (its trailers, if
+    /// any, then the end of the stream) waits for `settled`, if given, to be sent or dropped:
+    /// the record of the response is settled.
+    pub(crate) fn whole(
+        data: Bytes,
+        trailers: Option<HeaderMap>,
+        settled: Option<oneshot::Receiver<()>>,
+        sized: bool,
+    ) -> Self {
         ResponseBody {
             kind: Kind::Full {
                 data: (!data.is_empty()).then_some(data),
+                settled,
                 trailers: trailers.map(Box::new),
+                sized,
             },
         }
     }
@@ -141,10 +164,22 @@ where
             KindProj::Inner { body } => body
                 .poll_frame(cx)
                 .map(|frame| frame.map(|result| result.map_err(Into::into))),
-            KindProj::Full { data, trailers } => Poll::Ready(match data.take() {
-                Some(data) => Some(Ok(Frame::data(data))),
-                None => trailers.take().map(|t| Ok(Frame::trailers(*t))),
-            }),
+            KindProj::Full {
+                data,
+                settled,
+                trailers,
+                ..
+            } => {
+                if let Some(data) = data.take() {
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                if let Some(wait) = settled.as_mut() {
+                    // Sent or dropped, the record is settled either way.
+                    let _ = ready!(Pin::new(wait).poll(cx));
+                    *settled = None;
+                }
+                Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(*t))))
+            }
             KindProj::Stream { frames, done, .. } => {
                 if *done {
                     return Poll::Ready(None);
@@ -167,7 +202,12 @@ where
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Inner { body } => body.is_end_stream(),
-            Kind::Full { data, trailers } => data.is_none() && trailers.is_none(),
+            Kind::Full {
+                data,
+                settled,
+                trailers,
+                ..
+            } => data.is_none() && settled.is_none() && trailers.is_none(),
             Kind::Stream { done, .. } => *done,
         }
     }
@@ -175,11 +215,17 @@ where
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Inner { body } => body.size_hint(),
-            Kind::Full { data, trailers } => {
+            Kind::Full {
+                data,
+                trailers,
+                sized,
+                ..
+            } => {
                 let len = data.as_ref().map_or(0, |d| d.len() as u64);
-                if trailers.is_some() {
-                    // No length announced: an HTTP/1.1 server sends trailers only after a
-                    // chunked body, never after one of a `Content-Length`.
+                if trailers.is_some() || !sized {
+                    // No length announced: the handler announced none, or there are
+                    // trailers (an HTTP/1.1 server sends them only after a chunked body,
+                    // never after one of a `Content-Length`).
                     let mut hint = SizeHint::new();
                     hint.set_lower(len);
                     hint
