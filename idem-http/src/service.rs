@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, request};
 use http_body::{Body, Frame};
@@ -570,7 +570,7 @@ async fn drive<S, ReqBody, ResBody>(
     )));
     // A body announced over the cap is not captured at all.
     let mut captured = Capture::new(hint.lower() <= cap, cap);
-    for frame in early.frames {
+    for frame in early.frames() {
         captured.add(&shared.config, &frame);
         let _ = claim
             .beating(frames.send(StreamFrame::Frame(Ok(frame))))
@@ -614,7 +614,10 @@ async fn poll_once<F: Future + ?Sized>(mut future: Pin<&mut F>) -> Poll<F::Outpu
 /// The frames of a response body read before the response goes out (trailers settled).
 #[derive(Default)]
 struct Early {
-    frames: Vec<Frame<Bytes>>,
+    /// The first frame, and the others (most bodies that end at once are one frame: no
+    /// allocation for them).
+    first: Option<Frame<Bytes>>,
+    rest: Vec<Frame<Bytes>>,
     /// The bytes of data among them.
     len: u64,
     /// The body ended: the frames are all of it.
@@ -626,7 +629,17 @@ impl Early {
         if let Some(data) = frame.data_ref() {
             self.len = self.len.saturating_add(data.len() as u64);
         }
-        self.frames.push(fields::settle_frame(frame));
+        let frame = fields::settle_frame(frame);
+        if self.first.is_none() {
+            self.first = Some(frame);
+        } else {
+            self.rest.push(frame);
+        }
+    }
+
+    /// The frames, in order.
+    fn frames(self) -> impl Iterator<Item = Frame<Bytes>> {
+        self.first.into_iter().chain(self.rest)
     }
 
     /// Reads the whole body, keeping the lease while it waits.
@@ -662,15 +675,25 @@ impl Early {
 
     /// The whole body: its data in one piece and its trailers (the last trailer frame).
     fn into_whole(self) -> (Bytes, Option<HeaderMap>) {
-        let mut chunks = Vec::with_capacity(self.frames.len());
+        let len = usize::try_from(self.len).unwrap_or(usize::MAX);
+        let mut data = Bytes::new();
+        // Two chunks or more are joined here (one is passed on as it is, without a copy).
+        let mut joined: Option<BytesMut> = None;
         let mut trailers = None;
-        for frame in self.frames {
+        for frame in self.frames() {
             match frame.into_data() {
-                Ok(data) => chunks.push(data),
+                Ok(chunk) if joined.is_none() && data.is_empty() => data = chunk,
+                Ok(chunk) => joined
+                    .get_or_insert_with(|| {
+                        let mut joined = BytesMut::with_capacity(len);
+                        joined.extend_from_slice(&data);
+                        joined
+                    })
+                    .extend_from_slice(&chunk),
                 Err(frame) => trailers = frame.into_trailers().ok().or(trailers),
             }
         }
-        (concat(chunks), trailers)
+        (joined.map_or(data, BytesMut::freeze), trailers)
     }
 }
 
