@@ -118,10 +118,11 @@ async fn assert_replayed_omitted(service: Served, key: &str) {
     assert!(body.is_empty());
 }
 
-/// Frames all ready at once, of no announced length, end the body before the response goes
-/// out: the record is completed (with the trailers) by the time the response future resolves,
-/// before its body is read, and a retry replays it. Before, such a body went to a task that fed
-/// the caller through a channel: the record was still in flight when the response came.
+/// Frames all ready at once (20 of them, and trailers), of no announced length, end the body
+/// before the response goes out: the record is completed (with the trailers) by the time the
+/// response future resolves, before its body is read, and a retry replays it. Before, such a
+/// body went through a channel of 16 frames, whose task waited for the caller to read the
+/// rest: the record was still in flight when the response came.
 #[tokio::test(flavor = "current_thread")]
 async fn a_body_complete_at_once_is_stored_before_the_response_is_read() {
     let store = Arc::new(MemoryStore::new());
@@ -129,12 +130,12 @@ async fn a_body_complete_at_once_is_stored_before_the_response_is_read() {
     let service = served(store.clone(), MIB, runs.clone(), || {
         let mut trailers = HeaderMap::new();
         trailers.insert("x-sum", HeaderValue::from_static("7"));
+        let mut frames: VecDeque<_> = (0..20)
+            .map(|_| Frame::data(Bytes::from_static(b"ab")))
+            .collect();
+        frames.push_back(Frame::trailers(trailers));
         HintedBody {
-            body: TestBody::Ready(VecDeque::from([
-                Frame::data(Bytes::from_static(b"pa")),
-                Frame::data(Bytes::from_static(b"id")),
-                Frame::trailers(trailers),
-            ])),
+            body: TestBody::Ready(frames),
             hint: SizeHint::new(),
         }
     });
@@ -143,13 +144,13 @@ async fn a_body_complete_at_once_is_stored_before_the_response_is_read() {
     assert_eq!(state(&store, "ready").await, State::Completed);
     let first = first.into_body().collect().await.unwrap();
     assert_eq!(first.trailers().unwrap()["x-sum"], "7");
-    assert_eq!(first.to_bytes(), "paid");
+    assert_eq!(first.to_bytes(), "ab".repeat(20));
 
     let replay = service.oneshot(post("ready")).await.unwrap();
     assert_eq!(replay.headers()["idempotent-replayed"], "true");
     let replay = replay.into_body().collect().await.unwrap();
     assert_eq!(replay.trailers().unwrap()["x-sum"], "7");
-    assert_eq!(replay.to_bytes(), "paid");
+    assert_eq!(replay.to_bytes(), "ab".repeat(20));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
