@@ -70,16 +70,19 @@ pin_project! {
     #[project = KindProj]
     enum Kind<B> {
         Inner { #[pin] body: B },
-        Full {
-            data: Option<Bytes>,
-            // The end waits for this (the record's completion) after the data, if set.
-            settled: Option<oneshot::Receiver<()>>,
-            trailers: Option<Box<HeaderMap>>,
-            // Its length is announced (else the handler announced none: the body stays unsized).
-            sized: bool,
-        },
+        Full { data: Option<Bytes>, tail: Option<Box<Tail>> },
         Stream { frames: mpsc::Receiver<StreamFrame>, hint: SizeHint, done: bool },
     }
+}
+
+/// What may follow the data of a body held in memory; most have none of it (boxed, so that
+/// every response body stays small).
+struct Tail {
+    /// The end waits for this (the record's completion) after the data, if set.
+    settled: Option<oneshot::Receiver<()>>,
+    trailers: Option<HeaderMap>,
+    /// Its length is announced (else the handler announced none: the body stays unsized).
+    sized: bool,
 }
 
 impl<B> std::fmt::Debug for ResponseBody<B> {
@@ -108,7 +111,19 @@ impl<B> ResponseBody<B> {
 
     /// A body held in memory, followed by the handler's trailers if it sent any.
     pub(crate) fn collected(data: Bytes, trailers: Option<HeaderMap>) -> Self {
-        ResponseBody::whole(data, trailers, None, true)
+        let tail = trailers.map(|trailers| {
+            Box::new(Tail {
+                settled: None,
+                trailers: Some(trailers),
+                sized: true,
+            })
+        });
+        ResponseBody {
+            kind: Kind::Full {
+                data: (!data.is_empty()).then_some(data),
+                tail,
+            },
+        }
     }
 
     /// A handler's body read whole: `sized` if the handler announced its length (a body it
@@ -121,12 +136,17 @@ impl<B> ResponseBody<B> {
         settled: Option<oneshot::Receiver<()>>,
         sized: bool,
     ) -> Self {
+        let tail = (settled.is_some() || trailers.is_some() || !sized).then(|| {
+            Box::new(Tail {
+                settled,
+                trailers,
+                sized,
+            })
+        });
         ResponseBody {
             kind: Kind::Full {
                 data: (!data.is_empty()).then_some(data),
-                settled,
-                trailers: trailers.map(Box::new),
-                sized,
+                tail,
             },
         }
     }
@@ -164,21 +184,21 @@ where
             KindProj::Inner { body } => body
                 .poll_frame(cx)
                 .map(|frame| frame.map(|result| result.map_err(Into::into))),
-            KindProj::Full {
-                data,
-                settled,
-                trailers,
-                ..
-            } => {
+            KindProj::Full { data, tail } => {
                 if let Some(data) = data.take() {
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
-                if let Some(wait) = settled.as_mut() {
+                let Some(rest) = tail.as_mut() else {
+                    return Poll::Ready(None);
+                };
+                if let Some(wait) = rest.settled.as_mut() {
                     // Sent or dropped, the record is settled either way.
                     let _ = ready!(Pin::new(wait).poll(cx));
-                    *settled = None;
+                    rest.settled = None;
                 }
-                Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(*t))))
+                let trailers = rest.trailers.take();
+                *tail = None;
+                Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t))))
             }
             KindProj::Stream { frames, done, .. } => {
                 if *done {
@@ -202,12 +222,12 @@ where
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Inner { body } => body.is_end_stream(),
-            Kind::Full {
-                data,
-                settled,
-                trailers,
-                ..
-            } => data.is_none() && settled.is_none() && trailers.is_none(),
+            Kind::Full { data, tail } => {
+                data.is_none()
+                    && tail
+                        .as_ref()
+                        .is_none_or(|t| t.settled.is_none() && t.trailers.is_none())
+            }
             Kind::Stream { done, .. } => *done,
         }
     }
@@ -215,14 +235,12 @@ where
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Inner { body } => body.size_hint(),
-            Kind::Full {
-                data,
-                trailers,
-                sized,
-                ..
-            } => {
+            Kind::Full { data, tail } => {
                 let len = data.as_ref().map_or(0, |d| d.len() as u64);
-                if trailers.is_some() || !sized {
+                if tail
+                    .as_ref()
+                    .is_some_and(|t| t.trailers.is_some() || !t.sized)
+                {
                     // No length announced: the handler announced none, or there are
                     // trailers (an HTTP/1.1 server sends them only after a chunked body,
                     // never after one of a `Content-Length`).

@@ -33,6 +33,7 @@ impl Detached {
     }
 
     /// Hands the work, if it is not done, to a task of its own now.
+    #[inline]
     pub(crate) fn detach(&mut self) {
         if let Some(work) = self.work.take() {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
