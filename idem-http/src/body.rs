@@ -80,6 +80,9 @@ pin_project! {
 struct Tail {
     /// The end waits for this (the record's completion) after the data, if set.
     settled: Option<oneshot::Receiver<()>>,
+    /// The last byte of a body of announced length, held back until `settled`: a client has
+    /// all of such a body before its end is signalled.
+    last: Option<Bytes>,
     trailers: Option<HeaderMap>,
     /// Its length is announced (else the handler announced none: the body stays unsized).
     sized: bool,
@@ -114,6 +117,7 @@ impl<B> ResponseBody<B> {
         let tail = trailers.map(|trailers| {
             Box::new(Tail {
                 settled: None,
+                last: None,
                 trailers: Some(trailers),
                 sized: true,
             })
@@ -131,14 +135,19 @@ impl<B> ResponseBody<B> {
     /// any, then the end of the stream) waits for `settled`, if given, to be sent or dropped:
     /// the record of the response is settled.
     pub(crate) fn whole(
-        data: Bytes,
+        mut data: Bytes,
         trailers: Option<HeaderMap>,
         settled: Option<oneshot::Receiver<()>>,
         sized: bool,
     ) -> Self {
+        // A body of announced length is complete for its client with its last byte: that
+        // byte waits for the record (a body without one ends with its chunked end or trailers).
+        let last = (settled.is_some() && sized && trailers.is_none() && !data.is_empty())
+            .then(|| data.split_off(data.len() - 1));
         let tail = (settled.is_some() || trailers.is_some() || !sized).then(|| {
             Box::new(Tail {
                 settled,
+                last,
                 trailers,
                 sized,
             })
@@ -196,6 +205,9 @@ where
                     let _ = ready!(Pin::new(wait).poll(cx));
                     rest.settled = None;
                 }
+                if let Some(last) = rest.last.take() {
+                    return Poll::Ready(Some(Ok(Frame::data(last))));
+                }
                 let trailers = rest.trailers.take();
                 *tail = None;
                 Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t))))
@@ -224,9 +236,9 @@ where
             Kind::Inner { body } => body.is_end_stream(),
             Kind::Full { data, tail } => {
                 data.is_none()
-                    && tail
-                        .as_ref()
-                        .is_none_or(|t| t.settled.is_none() && t.trailers.is_none())
+                    && tail.as_ref().is_none_or(|t| {
+                        t.settled.is_none() && t.last.is_none() && t.trailers.is_none()
+                    })
             }
             Kind::Stream { done, .. } => *done,
         }
@@ -236,7 +248,11 @@ where
         match &self.kind {
             Kind::Inner { body } => body.size_hint(),
             Kind::Full { data, tail } => {
-                let len = data.as_ref().map_or(0, |d| d.len() as u64);
+                let held = tail
+                    .as_ref()
+                    .and_then(|t| t.last.as_ref())
+                    .map_or(0, Bytes::len);
+                let len = (data.as_ref().map_or(0, Bytes::len) + held) as u64;
                 if tail
                     .as_ref()
                     .is_some_and(|t| t.trailers.is_some() || !t.sized)

@@ -543,9 +543,17 @@ async fn drive<S, ReqBody, ResBody>(
                     let _ = reply.send(Ok(Response::from_parts(parts, body)));
                     unstored
                 }
+                Poll::Pending if sized && data.is_empty() && trailers.is_none() => {
+                    // Its head is all of it: it waits for the record.
+                    let unstored = completing.await;
+                    let body = ResponseBody::whole(data, trailers, None, sized);
+                    let _ = reply.send(Ok(Response::from_parts(parts, body)));
+                    unstored
+                }
                 Poll::Pending => {
                     // The store has the record on its way: the caller gets the response now,
-                    // its body's end once the record is settled (its task goes on alone).
+                    // its body's end (its last byte, or the end of its chunks) once the record
+                    // is settled (its task goes on alone).
                     let (settled, wait) = oneshot::channel();
                     let body = ResponseBody::whole(data, trailers, Some(wait), sized);
                     let _ = reply.send(Ok(Response::from_parts(parts, body)));
@@ -568,26 +576,26 @@ async fn drive<S, ReqBody, ResBody>(
         parts,
         ResponseBody::stream(receiver, hint),
     )));
+    let mut out = Outgoing {
+        frames,
+        left: hint.exact(),
+        held: None,
+    };
     // A body announced over the cap is not captured at all.
     let mut captured = Capture::new(hint.lower() <= cap, cap);
     for frame in early.frames() {
         captured.add(&shared.config, &frame);
-        let _ = claim
-            .beating(frames.send(StreamFrame::Frame(Ok(frame))))
-            .await;
+        out.send(&mut claim, frame).await;
     }
     while let Some(frame) = claim.beating(body.frame()).await {
         match frame.map(fields::settle_frame) {
             Ok(frame) => {
                 captured.add(&shared.config, &frame);
-                // A caller that went away no longer reads: keep going, the record matters.
-                let _ = claim
-                    .beating(frames.send(StreamFrame::Frame(Ok(frame))))
-                    .await;
+                out.send(&mut claim, frame).await;
             }
             Err(error) => {
                 claim.release("body_error").await;
-                let _ = frames.send(StreamFrame::Frame(Err(error.into()))).await;
+                let _ = out.frames.send(StreamFrame::Frame(Err(error.into()))).await;
                 return;
             }
         }
@@ -603,7 +611,60 @@ async fn drive<S, ReqBody, ResBody>(
     }
     // Only now is the body complete: a task that stops before this line (a panic in the
     // handler's body) breaks the caller's body off instead of ending it.
-    let _ = frames.send(StreamFrame::End).await;
+    out.end().await;
+}
+
+/// The sending end of a streamed body. Of a body of announced length it holds back the last
+/// byte until the record is settled: with it, a client has the whole body (its end is not
+/// signalled otherwise), so a client that has it finds the record stored.
+struct Outgoing {
+    frames: mpsc::Sender<StreamFrame>,
+    /// The bytes still to come of the announced length.
+    left: Option<u64>,
+    held: Option<Bytes>,
+}
+
+impl Outgoing {
+    /// Sends `frame`; a caller that went away no longer reads: the work goes on, the record
+    /// matters.
+    async fn send(&mut self, claim: &mut Claim, frame: Frame<Bytes>) {
+        if let Some(held) = self.held.take() {
+            // More than the announced length: what was held goes first.
+            let _ = claim
+                .beating(self.frames.send(StreamFrame::Frame(Ok(Frame::data(held)))))
+                .await;
+        }
+        let frame = match frame.into_data() {
+            Ok(mut data) => {
+                if let Some(left) = self.left.as_mut() {
+                    let len = data.len() as u64;
+                    if len >= *left && !data.is_empty() {
+                        self.held = Some(data.split_off(data.len() - 1));
+                    }
+                    *left = left.saturating_sub(len);
+                }
+                if data.is_empty() {
+                    return;
+                }
+                Frame::data(data)
+            }
+            Err(frame) => frame,
+        };
+        let _ = claim
+            .beating(self.frames.send(StreamFrame::Frame(Ok(frame))))
+            .await;
+    }
+
+    /// Sends what was held back, and the end.
+    async fn end(self) {
+        if let Some(held) = self.held {
+            let _ = self
+                .frames
+                .send(StreamFrame::Frame(Ok(Frame::data(held))))
+                .await;
+        }
+        let _ = self.frames.send(StreamFrame::End).await;
+    }
 }
 
 /// Polls `future` once, in the calling task.

@@ -20,7 +20,7 @@ use idem_core::{IdempotencyKey, RecordKey, State, Store};
 use idem_http::{Config, IdempotencyLayer, ResponseBody};
 use idem_store_memory::MemoryStore;
 use idem_store_redis::{RedisConfig, RedisStore};
-use idem_testkit::faulty::FaultyStore;
+use idem_testkit::faulty::{Faults, FaultyStore};
 use idem_testkit::probe::{require_tcp, service_url};
 use tokio::sync::mpsc;
 use tower::util::BoxCloneService;
@@ -155,16 +155,20 @@ async fn a_body_complete_at_once_is_stored_before_the_response_is_read() {
 }
 
 /// A body of a known length over the storage cap goes out at once: the caller reads its first
-/// bytes while the handler still holds back the rest; it is stored omitted. Before, a known
+/// bytes while the handler still holds back the rest; it is stored omitted, and its last byte
+/// waits for the record. Before, a known
 /// length up to 16 times the cap was read whole before the first byte went out (this test hung
 /// until its bound).
 #[tokio::test]
 async fn a_known_length_over_the_cap_streams_at_once_and_is_stored_omitted() {
-    let store = Arc::new(MemoryStore::new());
+    let memory = Arc::new(MemoryStore::new());
+    let store = FaultyStore::new(memory.clone());
+    let faults = store.faults.clone();
+    faults.complete_held.store(true, Ordering::SeqCst);
     let runs = Arc::new(AtomicU64::new(0));
     let (send, receive) = mpsc::unbounded_channel::<Bytes>();
     let receive = Arc::new(std::sync::Mutex::new(Some(receive)));
-    let service = served(store.clone(), 64, runs.clone(), move || {
+    let service = served(store, 64, runs.clone(), move || {
         let data = receive.lock().unwrap().take();
         HintedBody {
             body: data.map_or_else(|| TestBody::Ready(VecDeque::new()), TestBody::Sent),
@@ -188,13 +192,13 @@ async fn a_known_length_over_the_cap_streams_at_once_and_is_stored_omitted() {
         send.send(Bytes::from(vec![b'b'; 100])).unwrap();
     }
     drop(send);
-    let rest = tokio::time::timeout(HANG, body.collect())
-        .await
-        .unwrap()
-        .unwrap()
-        .to_bytes();
-    assert_eq!(rest, vec![b'b'; 300]);
-    assert_eq!(state(&store, "big").await, State::Completed);
+    let mut rest = Vec::new();
+    while rest.len() < 299 {
+        let frame = tokio::time::timeout(HANG, body.frame()).await.unwrap();
+        rest.extend_from_slice(&frame.unwrap().unwrap().into_data().unwrap());
+    }
+    assert_eq!(rest, vec![b'b'; 299]);
+    assert_the_last_byte_waits_for_the_record(&mut body, &faults, &memory, "big", b"b").await;
 
     assert_replayed_omitted(service, "big").await;
     assert_eq!(runs.load(Ordering::SeqCst), 1);
@@ -222,10 +226,33 @@ async fn a_body_over_the_cap_is_stored_omitted_even_if_it_would_compress_under_i
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+/// The body of `key`, whose record the store holds back (`faults`), has sent all but its last
+/// byte: that byte and the end wait for the record, and come once the store takes it.
+async fn assert_the_last_byte_waits_for_the_record(
+    body: &mut ResponseBody<HintedBody>,
+    faults: &Faults,
+    memory: &MemoryStore,
+    key: &str,
+    last: &'static [u8],
+) {
+    let next = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *body).poll_frame(cx))).await;
+    assert!(
+        next.is_pending(),
+        "the body went on before the record was stored"
+    );
+    assert_eq!(state(memory, key).await, State::InFlight);
+    faults.release_completes();
+    let next = tokio::time::timeout(HANG, body.frame()).await.unwrap();
+    assert_eq!(next.unwrap().unwrap().into_data().unwrap(), last);
+    assert_eq!(state(memory, key).await, State::Completed);
+    assert!(body.frame().await.is_none());
+}
+
 /// A small complete response reaches its caller while the store takes it, not after: the
-/// caller has the response and its bytes while the store has not answered, and the body ends
-/// once the record is completed (so a caller that saw the end finds it stored). Before, the
-/// response waited for the store (this test hung until its bound).
+/// caller has the response and all but its last byte while the store has not answered; that
+/// byte (with it, a client of a `Content-Length` has it all) and the end come once the record is
+/// completed, so a caller that has it all finds it stored. Before, the response waited for the
+/// store (this test hung until its bound).
 #[tokio::test]
 async fn a_small_response_goes_out_while_the_store_takes_it() {
     let memory = Arc::new(MemoryStore::new());
@@ -242,20 +269,11 @@ async fn a_small_response_goes_out_while_the_store_takes_it() {
         .expect("the response came before the store answered")
         .unwrap();
     assert_eq!(first.status(), StatusCode::CREATED);
+    assert_eq!(first.size_hint().exact(), Some(4));
     let mut body = first.into_body();
     let data = body.frame().await.unwrap().unwrap().into_data().unwrap();
-    assert_eq!(data, "paid");
-    // The end waits for the record.
-    let end = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut body).poll_frame(cx))).await;
-    assert!(
-        end.is_pending(),
-        "the body ended before the record was stored"
-    );
-    assert_eq!(state(&memory, "gated").await, State::InFlight);
-    faults.release_completes();
-    let end = tokio::time::timeout(HANG, body.frame()).await.unwrap();
-    assert!(end.is_none());
-    assert_eq!(state(&memory, "gated").await, State::Completed);
+    assert_eq!(data, "pai");
+    assert_the_last_byte_waits_for_the_record(&mut body, &faults, &memory, "gated", b"d").await;
 
     let replay = service.oneshot(post("gated")).await.unwrap();
     assert_eq!(replay.headers()["idempotent-replayed"], "true");
