@@ -43,3 +43,6 @@ echo "  layer on MemoryStore    $layer"
 bare=$(per_cycle bare "$requests" "$(dirname "$bin")/layer_instructions")
 echo "  bare handler            $bare"
 awk -v s="$layer" -v b="$bare" 'BEGIN { printf "  added by the layer      %d\n", s - b }'
+replayed=$(per_cycle replay "$requests" "$(dirname "$bin")/layer_instructions")
+echo "  replay on MemoryStore   $replayed"
+awk -v s="$replayed" -v b="$bare" 'BEGIN { printf "  replay/bare handler     %.2f\n", s / b }'

@@ -5,9 +5,12 @@
 //! cargo build --release -p idem-http --example layer_instructions
 //! valgrind --tool=callgrind target/release/examples/layer_instructions layer 20000
 //! valgrind --tool=callgrind target/release/examples/layer_instructions bare 20000
+//! valgrind --tool=callgrind target/release/examples/layer_instructions replay 20000
 //! ```
 //!
-//! `bench/instructions.sh` runs both with 0 and N requests and prints the cost of one request.
+//! `layer` sends a new key each request (first executions), `replay` one key throughout (one
+//! first execution, then replays). `bench/instructions.sh` runs each with 0 and N requests and
+//! prints the cost of one request.
 
 use std::convert::Infallible;
 use std::process::ExitCode;
@@ -38,6 +41,7 @@ async fn echo(request: Request<Full<Bytes>>) -> Result<Response<Full<Bytes>>, In
     Ok(response)
 }
 
+/// `POST /echo` under key `n`.
 fn request(n: u64) -> Request<Full<Bytes>> {
     let mut request = Request::post("/echo")
         .header("content-type", "application/json")
@@ -50,7 +54,8 @@ fn request(n: u64) -> Request<Full<Bytes>> {
     request
 }
 
-async fn run<S>(mut service: S, requests: u64) -> u64
+/// Sends `requests` requests, each under the key `key(n)`, and sums the response sizes.
+async fn run<S>(mut service: S, requests: u64, key: fn(u64) -> u64) -> u64
 where
     S: Service<Request<Full<Bytes>>> + Clone,
     S::Response: http_body::Body,
@@ -60,7 +65,7 @@ where
         let Ok(ready) = service.ready().await else {
             return bytes;
         };
-        if let Ok(response) = ready.call(request(n)).await {
+        if let Ok(response) = ready.call(request(key(n))).await {
             bytes += http_body::Body::size_hint(&response).lower();
         }
     }
@@ -71,7 +76,7 @@ fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let mode = args.next().unwrap_or_default();
     let Some(requests) = args.next().and_then(|n| n.parse::<u64>().ok()) else {
-        eprintln!("usage: layer_instructions layer|bare REQUESTS");
+        eprintln!("usage: layer_instructions layer|replay|bare REQUESTS");
         return ExitCode::from(2);
     };
     let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
@@ -82,20 +87,21 @@ fn main() -> ExitCode {
     };
     let bytes = runtime.block_on(async {
         let handler = service_fn(echo);
+        let layered = || IdempotencyLayer::new(MemoryStore::new()).layer(handler);
         match mode.as_str() {
-            "layer" => {
-                run(
-                    IdempotencyLayer::new(MemoryStore::new()).layer(handler),
-                    requests,
-                )
-                .await
+            "layer" => run(layered(), requests, |n| n).await,
+            "replay" => {
+                // The first execution is not counted: it runs in both the 0 and the N run.
+                let service = layered();
+                let _ = run(service.clone(), 1, |_| 0).await;
+                run(service, requests, |_| 0).await
             }
-            "bare" => run(handler, requests).await,
+            "bare" => run(handler, requests, |n| n).await,
             _ => u64::MAX,
         }
     });
     if bytes == u64::MAX {
-        eprintln!("usage: layer_instructions layer|bare REQUESTS");
+        eprintln!("usage: layer_instructions layer|replay|bare REQUESTS");
         return ExitCode::from(2);
     }
     println!("{requests} requests, {bytes} response bytes");

@@ -1,6 +1,7 @@
 //! Bodies: the request body read with a limit, and [`ResponseBody`], the body of every response
 //! that leaves the layer.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
@@ -10,7 +11,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idem_core::BoxError;
 use pin_project_lite::pin_project;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 /// Why a request body could not be captured.
 #[derive(Debug)]
@@ -69,9 +70,22 @@ pin_project! {
     #[project = KindProj]
     enum Kind<B> {
         Inner { #[pin] body: B },
-        Full { data: Option<Bytes>, trailers: Option<Box<HeaderMap>> },
+        Full { data: Option<Bytes>, tail: Option<Box<Tail>> },
         Stream { frames: mpsc::Receiver<StreamFrame>, hint: SizeHint, done: bool },
     }
+}
+
+/// What may follow the data of a body held in memory; most have none of it (boxed, so that
+/// every response body stays small).
+struct Tail {
+    /// The end waits for this (the record's completion) after the data, if set.
+    settled: Option<oneshot::Receiver<()>>,
+    /// The last byte of a body of announced length, held back until `settled`: a client has
+    /// all of such a body before its end is signalled.
+    last: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+    /// Its length is announced (else the handler announced none: the body stays unsized).
+    sized: bool,
 }
 
 impl<B> std::fmt::Debug for ResponseBody<B> {
@@ -100,10 +114,48 @@ impl<B> ResponseBody<B> {
 
     /// A body held in memory, followed by the handler's trailers if it sent any.
     pub(crate) fn collected(data: Bytes, trailers: Option<HeaderMap>) -> Self {
+        let tail = trailers.map(|trailers| {
+            Box::new(Tail {
+                settled: None,
+                last: None,
+                trailers: Some(trailers),
+                sized: true,
+            })
+        });
         ResponseBody {
             kind: Kind::Full {
                 data: (!data.is_empty()).then_some(data),
-                trailers: trailers.map(Box::new),
+                tail,
+            },
+        }
+    }
+
+    /// A handler's body read whole: `sized` if the handler announced its length (a body it
+    /// did not is passed on without one, as the handler framed it). Its end (its trailers, if
+    /// any, then the end of the stream) waits for `settled`, if given, to be sent or dropped:
+    /// the record of the response is settled.
+    pub(crate) fn whole(
+        mut data: Bytes,
+        trailers: Option<HeaderMap>,
+        settled: Option<oneshot::Receiver<()>>,
+        sized: bool,
+    ) -> Self {
+        // A body of announced length is complete for its client with its last byte: that
+        // byte waits for the record (a body without one ends with its chunked end or trailers).
+        let last = (settled.is_some() && sized && trailers.is_none() && !data.is_empty())
+            .then(|| data.split_off(data.len() - 1));
+        let tail = (settled.is_some() || trailers.is_some() || !sized).then(|| {
+            Box::new(Tail {
+                settled,
+                last,
+                trailers,
+                sized,
+            })
+        });
+        ResponseBody {
+            kind: Kind::Full {
+                data: (!data.is_empty()).then_some(data),
+                tail,
             },
         }
     }
@@ -141,10 +193,25 @@ where
             KindProj::Inner { body } => body
                 .poll_frame(cx)
                 .map(|frame| frame.map(|result| result.map_err(Into::into))),
-            KindProj::Full { data, trailers } => Poll::Ready(match data.take() {
-                Some(data) => Some(Ok(Frame::data(data))),
-                None => trailers.take().map(|t| Ok(Frame::trailers(*t))),
-            }),
+            KindProj::Full { data, tail } => {
+                if let Some(data) = data.take() {
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                let Some(rest) = tail.as_mut() else {
+                    return Poll::Ready(None);
+                };
+                if let Some(wait) = rest.settled.as_mut() {
+                    // Sent or dropped, the record is settled either way.
+                    let _ = ready!(Pin::new(wait).poll(cx));
+                    rest.settled = None;
+                }
+                if let Some(last) = rest.last.take() {
+                    return Poll::Ready(Some(Ok(Frame::data(last))));
+                }
+                let trailers = rest.trailers.take();
+                *tail = None;
+                Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t))))
+            }
             KindProj::Stream { frames, done, .. } => {
                 if *done {
                     return Poll::Ready(None);
@@ -167,7 +234,12 @@ where
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Inner { body } => body.is_end_stream(),
-            Kind::Full { data, trailers } => data.is_none() && trailers.is_none(),
+            Kind::Full { data, tail } => {
+                data.is_none()
+                    && tail.as_ref().is_none_or(|t| {
+                        t.settled.is_none() && t.last.is_none() && t.trailers.is_none()
+                    })
+            }
             Kind::Stream { done, .. } => *done,
         }
     }
@@ -175,11 +247,19 @@ where
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Inner { body } => body.size_hint(),
-            Kind::Full { data, trailers } => {
-                let len = data.as_ref().map_or(0, |d| d.len() as u64);
-                if trailers.is_some() {
-                    // No length announced: an HTTP/1.1 server sends trailers only after a
-                    // chunked body, never after one of a `Content-Length`.
+            Kind::Full { data, tail } => {
+                let held = tail
+                    .as_ref()
+                    .and_then(|t| t.last.as_ref())
+                    .map_or(0, Bytes::len);
+                let len = (data.as_ref().map_or(0, Bytes::len) + held) as u64;
+                if tail
+                    .as_ref()
+                    .is_some_and(|t| t.trailers.is_some() || !t.sized)
+                {
+                    // No length announced: the handler announced none, or there are
+                    // trailers (an HTTP/1.1 server sends them only after a chunked body,
+                    // never after one of a `Content-Length`).
                     let mut hint = SizeHint::new();
                     hint.set_lower(len);
                     hint

@@ -137,9 +137,11 @@ impl Claim {
         let config = &self.shared.config;
         let status = stored.status;
         let mut encoded = codec::encode(&stored);
-        if encoded.len() > config.storage_cap || stored.body.is_none() {
+        if stored.body.is_some() && encoded.len() > config.storage_cap {
             stored.body = None;
             encoded = codec::encode(&stored);
+        }
+        if stored.body.is_none() {
             metrics::increment(metrics::key!(metrics::OMITTED));
         }
         let store = &self.shared.store;

@@ -13,7 +13,7 @@
 //! | retention | 24 h |
 //! | request body limit | 1 MiB (413 above it) |
 //! | request body timeout | 10 s to read the whole body (408 after it, nothing run) |
-//! | response storage cap | 1 MiB, encoded and compressed |
+//! | response storage cap | 1 MiB, of the body as sent and of the record (compressed) |
 //! | headers (and trailers) never stored | hop-by-hop, `Content-Length`, `Date`, `Set-Cookie`, `WWW-Authenticate`, `Proxy-Authenticate` |
 //! | 5xx (and 600 to 999, which HTTP does not define) | released, not stored |
 //! | store down | fail closed (503 + `Retry-After: 1`) |
@@ -483,9 +483,11 @@ impl ConfigBuilder {
         self
     }
 
-    /// The largest response record stored, encoded and compressed (default 1 MiB). A larger
-    /// response is delivered in full to the first caller and stored as its status and headers:
-    /// a retry gets those with `Idempotency-Replay: omitted` and an empty body.
+    /// The largest response body stored, as sent, and the largest record, encoded and
+    /// compressed (default 1 MiB). A response whose body is larger is streamed to the first
+    /// caller at once (the layer captures no more than the cap of it) and stored as its status,
+    /// headers and trailers: a retry gets those with `Idempotency-Replay: omitted` and an empty
+    /// body.
     pub fn storage_cap(mut self, cap: NonZeroUsize) -> Self {
         self.config.storage_cap = cap.get();
         self

@@ -31,14 +31,20 @@ impl Detached {
             Ok(Poll::Ready(())) | Err(_) => self.work = None,
         }
     }
-}
 
-impl Drop for Detached {
-    fn drop(&mut self) {
+    /// Hands the work, if it is not done, to a task of its own now.
+    #[inline]
+    pub(crate) fn detach(&mut self) {
         if let Some(work) = self.work.take() {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(work);
             }
         }
+    }
+}
+
+impl Drop for Detached {
+    fn drop(&mut self) {
+        self.detach();
     }
 }

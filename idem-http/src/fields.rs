@@ -148,14 +148,8 @@ pub(crate) fn settle_head(headers: &mut HeaderMap) {
     clean_trailer_header(headers);
 }
 
-/// A handler's trailers as the layer passes them on ([`strip_trailer_fields`]).
-pub(crate) fn settled_trailers(mut trailers: HeaderMap) -> HeaderMap {
-    strip_trailer_fields(&mut trailers);
-    trailers
-}
-
 /// A frame of a handler's body as the layer passes it on: trailers settled
-/// ([`settled_trailers`]), data as it is.
+/// ([`strip_trailer_fields`]), data as it is.
 pub(crate) fn settle_frame<D>(mut frame: http_body::Frame<D>) -> http_body::Frame<D> {
     if let Some(trailers) = frame.trailers_mut() {
         strip_trailer_fields(trailers);

@@ -127,6 +127,9 @@ where
                 };
                 let received = ready!(Pin::new(receiver).poll(cx));
                 *answer = None;
+                // The work that goes on (it feeds a streamed body, or stores the record) goes on
+                // on its own from now, whether or not this future is dropped soon.
+                work.detach();
                 Poll::Ready(match received {
                     Ok(Ok(mut response)) => {
                         if response.extensions().get::<Outcome>().is_none() {

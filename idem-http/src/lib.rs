@@ -76,10 +76,11 @@
 //!   execution; the handler finishes and its response is stored. A heartbeat keeps the lease of
 //!   a long handler.
 //! - A request body over the limit (1 MiB) is 413 before anything runs; one that is not read
-//!   whole within the body timeout (10 s) is 408, and nothing runs either. A response over the
-//!   storage cap (1 MiB encoded, after compression) is delivered in full to the first caller and
-//!   stored as status and headers: a retry gets them with `Idempotency-Replay: omitted` and an
-//!   empty body, and the handler never runs again.
+//!   whole within the body timeout (10 s) is 408, and nothing runs either. A response whose
+//!   body is over the storage cap (1 MiB, as sent; its record, compressed, must fit in it too)
+//!   is streamed to the first caller at once, in full, and stored as status and headers: a
+//!   retry gets them with `Idempotency-Replay: omitted` and an empty body, and the handler never
+//!   runs again. A response complete within the cap goes out whole while it is stored.
 //! - Response trailers are stored, filtered like headers, and a replay ends with them (even
 //!   one whose body was omitted), named in its `Trailer` header for HTTP/1.1: a gRPC response
 //!   (`grpc-status` in its trailers) replays as it was answered, an error status included.

@@ -1,14 +1,16 @@
 //! [`Idempotency`]: the middleware service, and the life of one request through it.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header::RETRY_AFTER;
-use http::{HeaderName, HeaderValue, Request, Response, request};
-use http_body::Body;
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, request};
+use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use idem_core::{
     BoxError, ClaimOutcome, ClaimRequest, Lease, OwnerToken, RecordKey, Store, StoreError,
@@ -40,9 +42,6 @@ pub const REPLAY_HEADER: &str = "idempotency-replay";
 /// Added, in fail-open mode, to a response the store did not record (value `unrecorded`).
 pub const STATUS_HEADER: &str = "idempotency-status";
 
-/// While streaming, a response is captured for storage up to this many times the storage cap:
-/// compression may bring it under the cap.
-const CAPTURE_FACTOR: usize = 16;
 /// Frames buffered between the handler's task and a slow client.
 const STREAM_FRAMES: usize = 16;
 /// The instant `by` from now, saturated ([`idem_core::saturating_deadline`]).
@@ -465,8 +464,14 @@ impl<B, E> Drop for UnrecordedReply<B, E> {
     }
 }
 
-/// The handler's task: runs it under the claim, streams its response to the caller and settles
-/// the claim (complete, or release).
+/// Runs the handler under the claim, answers the caller and settles the claim (complete, or
+/// release).
+///
+/// A response whose body is complete before it goes out (empty, of a known length within the
+/// storage cap, or whose frames were all ready at once) goes out whole, from this future: the
+/// record's completion is sent first, and if the store has not answered by then the body's end
+/// waits for it. Any other response streams to the caller through a channel as it is read,
+/// captured for the record only up to the storage cap (a larger body is stored omitted).
 async fn drive<S, ReqBody, ResBody>(
     mut inner: S,
     shared: Arc<Shared>,
@@ -496,40 +501,68 @@ async fn drive<S, ReqBody, ResBody>(
     }
     let (parts, body) = response.into_parts();
     let headers = shared.config.storable_headers(&parts.headers);
-    let capture_limit = shared.config.storage_cap.saturating_mul(CAPTURE_FACTOR);
+    let cap = u64::try_from(shared.config.storage_cap).unwrap_or(u64::MAX);
     let hint = body.size_hint();
-    if hint
-        .exact()
-        .is_some_and(|len| len <= u64::try_from(capture_limit).unwrap_or(u64::MAX))
-    {
-        // A body of known, moderate size: read it whole, store it, then answer.
-        match claim.beating(body.collect()).await {
-            Ok(collected) => {
-                // The trailers go to this caller and, filtered as headers are, to the record.
-                let trailers = collected.trailers().cloned().map(fields::settled_trailers);
-                let stored_trailers = trailers
-                    .as_ref()
-                    .map(|t| shared.config.storable_headers(t))
-                    .unwrap_or_default();
-                let bytes = collected.to_bytes();
-                let response = StoredResponse {
-                    status,
-                    headers,
-                    body: Some(bytes.clone()),
-                    trailers: stored_trailers,
-                };
-                let unstored = claim.complete(response).await;
-                let body = ResponseBody::collected(bytes, trailers);
-                let _ = reply.send(Ok(Response::from_parts(parts, body)));
-                // The caller has its answer; the record is still worth storing.
-                if let Some(encoded) = unstored {
-                    claim.retry_complete(encoded).await;
+    let mut body = std::pin::pin!(body);
+    // The frames read before the response goes out, and whether they are the whole body.
+    let mut early = Early::default();
+    let read = if body.is_end_stream() || hint.exact().is_some_and(|len| len <= cap) {
+        // Known to fit under the cap: read whole.
+        early.read_all(&mut claim, body.as_mut()).await
+    } else if hint.lower() <= cap {
+        // Of unknown length: whatever is ready at once, up to the cap.
+        early.read_ready(body.as_mut(), cap).await
+    } else {
+        Ok(())
+    };
+    if read.is_err() {
+        claim.release("body_error").await;
+        let _ = reply.send(Ok(reject(&shared, Rejection::ResponseBodyFailed)));
+        return;
+    }
+    if early.ended {
+        let (data, trailers) = early.into_whole();
+        let response = StoredResponse {
+            status,
+            headers,
+            body: (data.len() as u64 <= cap).then(|| data.clone()),
+            trailers: trailers
+                .as_ref()
+                .map(|t| shared.config.storable_headers(t))
+                .unwrap_or_default(),
+        };
+        let sized = hint.exact().is_some();
+        let unstored = {
+            let mut completing = std::pin::pin!(claim.complete(response));
+            match poll_once(completing.as_mut()).await {
+                Poll::Ready(unstored) => {
+                    let body = ResponseBody::whole(data, trailers, None, sized);
+                    let _ = reply.send(Ok(Response::from_parts(parts, body)));
+                    unstored
+                }
+                Poll::Pending if sized && data.is_empty() && trailers.is_none() => {
+                    // Its head is all of it: it waits for the record.
+                    let unstored = completing.await;
+                    let body = ResponseBody::whole(data, trailers, None, sized);
+                    let _ = reply.send(Ok(Response::from_parts(parts, body)));
+                    unstored
+                }
+                Poll::Pending => {
+                    // The store has the record on its way: the caller gets the response now,
+                    // its body's end (its last byte, or the end of its chunks) once the record
+                    // is settled (its task goes on alone).
+                    let (settled, wait) = oneshot::channel();
+                    let body = ResponseBody::whole(data, trailers, Some(wait), sized);
+                    let _ = reply.send(Ok(Response::from_parts(parts, body)));
+                    let unstored = completing.await;
+                    let _ = settled.send(());
+                    unstored
                 }
             }
-            Err(_) => {
-                claim.release("body_error").await;
-                let _ = reply.send(Ok(reject(&shared, Rejection::ResponseBodyFailed)));
-            }
+        };
+        // The caller has its answer; the record is still worth storing.
+        if let Some(encoded) = unstored {
+            claim.retry_complete(encoded).await;
         }
         return;
     }
@@ -540,48 +573,228 @@ async fn drive<S, ReqBody, ResBody>(
         parts,
         ResponseBody::stream(receiver, hint),
     )));
-    let mut captured = Some(Vec::new());
-    let mut captured_len = 0usize;
-    // Trailers are kept even when the body is over the cap: a replay without its body still
-    // carries them (a gRPC status).
-    let mut trailers = Vec::new();
-    let mut body = std::pin::pin!(body);
+    let mut out = Outgoing {
+        frames,
+        left: hint.exact(),
+        held: None,
+    };
+    // A body announced over the cap is not captured at all.
+    let mut captured = Capture::new(hint.lower() <= cap, cap);
+    for frame in early.frames() {
+        captured.add(&shared.config, &frame);
+        out.send(&mut claim, frame).await;
+    }
     while let Some(frame) = claim.beating(body.frame()).await {
         match frame.map(fields::settle_frame) {
             Ok(frame) => {
-                if let Some(data) = frame.data_ref() {
-                    captured_len = captured_len.saturating_add(data.len());
-                    if captured_len > capture_limit {
-                        captured = None;
-                    } else if let Some(chunks) = captured.as_mut() {
-                        chunks.push(data.clone());
-                    }
-                } else if let Some(sent) = frame.trailers_ref() {
-                    trailers.extend(shared.config.storable_headers(sent));
-                }
-                // A caller that went away no longer reads: keep going, the record matters.
-                let _ = claim
-                    .beating(frames.send(StreamFrame::Frame(Ok(frame))))
-                    .await;
+                captured.add(&shared.config, &frame);
+                out.send(&mut claim, frame).await;
             }
             Err(error) => {
                 claim.release("body_error").await;
-                let _ = frames.send(StreamFrame::Frame(Err(error.into()))).await;
+                let _ = out.frames.send(StreamFrame::Frame(Err(error.into()))).await;
                 return;
             }
         }
     }
-    let body = captured.map(|chunks| Bytes::from(chunks.concat()));
     let response = StoredResponse {
         status,
         headers,
-        body,
-        trailers,
+        body: captured.chunks.map(concat),
+        trailers: captured.trailers,
     };
     if let Some(encoded) = claim.complete(response).await {
         claim.retry_complete(encoded).await;
     }
     // Only now is the body complete: a task that stops before this line (a panic in the
     // handler's body) breaks the caller's body off instead of ending it.
-    let _ = frames.send(StreamFrame::End).await;
+    out.end().await;
+}
+
+/// The sending end of a streamed body. Of a body of announced length it holds back the last
+/// byte until the record is settled: with it, a client has the whole body (its end is not
+/// signalled otherwise), so a client that has it finds the record stored.
+struct Outgoing {
+    frames: mpsc::Sender<StreamFrame>,
+    /// The bytes still to come of the announced length.
+    left: Option<u64>,
+    held: Option<Bytes>,
+}
+
+impl Outgoing {
+    /// Sends `frame`; a caller that went away no longer reads: the work goes on, the record
+    /// matters.
+    async fn send(&mut self, claim: &mut Claim, frame: Frame<Bytes>) {
+        if let Some(held) = self.held.take() {
+            // More than the announced length: what was held goes first.
+            let _ = claim
+                .beating(self.frames.send(StreamFrame::Frame(Ok(Frame::data(held)))))
+                .await;
+        }
+        let frame = match frame.into_data() {
+            Ok(mut data) => {
+                if let Some(left) = self.left.as_mut() {
+                    let len = data.len() as u64;
+                    if len >= *left && !data.is_empty() {
+                        self.held = Some(data.split_off(data.len() - 1));
+                    }
+                    *left = left.saturating_sub(len);
+                }
+                if data.is_empty() {
+                    return;
+                }
+                Frame::data(data)
+            }
+            Err(frame) => frame,
+        };
+        let _ = claim
+            .beating(self.frames.send(StreamFrame::Frame(Ok(frame))))
+            .await;
+    }
+
+    /// Sends what was held back, and the end.
+    async fn end(self) {
+        if let Some(held) = self.held {
+            let _ = self
+                .frames
+                .send(StreamFrame::Frame(Ok(Frame::data(held))))
+                .await;
+        }
+        let _ = self.frames.send(StreamFrame::End).await;
+    }
+}
+
+/// Polls `future` once, in the calling task.
+async fn poll_once<F: Future + ?Sized>(mut future: Pin<&mut F>) -> Poll<F::Output> {
+    std::future::poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx))).await
+}
+
+/// The frames of a response body read before the response goes out (trailers settled).
+#[derive(Default)]
+struct Early {
+    /// The first frame, and the others (most bodies that end at once are one frame: no
+    /// allocation for them).
+    first: Option<Frame<Bytes>>,
+    rest: Vec<Frame<Bytes>>,
+    /// The bytes of data among them.
+    len: u64,
+    /// The body ended: the frames are all of it.
+    ended: bool,
+}
+
+impl Early {
+    fn push(&mut self, frame: Frame<Bytes>) {
+        if let Some(data) = frame.data_ref() {
+            self.len = self.len.saturating_add(data.len() as u64);
+        }
+        let frame = fields::settle_frame(frame);
+        if self.first.is_none() {
+            self.first = Some(frame);
+        } else {
+            self.rest.push(frame);
+        }
+    }
+
+    /// The frames, in order.
+    fn frames(self) -> impl Iterator<Item = Frame<Bytes>> {
+        self.first.into_iter().chain(self.rest)
+    }
+
+    /// Reads the whole body, keeping the lease while it waits.
+    async fn read_all<B>(&mut self, claim: &mut Claim, mut body: Pin<&mut B>) -> Result<(), ()>
+    where
+        B: Body<Data = Bytes>,
+    {
+        while let Some(frame) = claim.beating(body.frame()).await {
+            self.push(frame.map_err(drop)?);
+        }
+        self.ended = true;
+        Ok(())
+    }
+
+    /// Reads the frames that are ready now, until the body ends, one is not ready, or more
+    /// than `cap` bytes are read.
+    async fn read_ready<B>(&mut self, mut body: Pin<&mut B>, cap: u64) -> Result<(), ()>
+    where
+        B: Body<Data = Bytes>,
+    {
+        while self.len <= cap {
+            match poll_once(std::pin::pin!(body.frame())).await {
+                Poll::Pending => return Ok(()),
+                Poll::Ready(None) => {
+                    self.ended = true;
+                    return Ok(());
+                }
+                Poll::Ready(Some(frame)) => self.push(frame.map_err(drop)?),
+            }
+        }
+        Ok(())
+    }
+
+    /// The whole body: its data in one piece and its trailers (the last trailer frame).
+    fn into_whole(self) -> (Bytes, Option<HeaderMap>) {
+        let len = usize::try_from(self.len).unwrap_or(usize::MAX);
+        let mut data = Bytes::new();
+        // Two chunks or more are joined here (one is passed on as it is, without a copy).
+        let mut joined: Option<BytesMut> = None;
+        let mut trailers = None;
+        for frame in self.frames() {
+            match frame.into_data() {
+                Ok(chunk) if joined.is_none() && data.is_empty() => data = chunk,
+                Ok(chunk) => joined
+                    .get_or_insert_with(|| {
+                        let mut joined = BytesMut::with_capacity(len);
+                        joined.extend_from_slice(&data);
+                        joined
+                    })
+                    .extend_from_slice(&chunk),
+                Err(frame) => trailers = frame.into_trailers().ok().or(trailers),
+            }
+        }
+        (joined.map_or(data, BytesMut::freeze), trailers)
+    }
+}
+
+/// A streamed body as captured for its record: its data up to the storage cap (over it,
+/// nothing: the record keeps status, headers and trailers, its body omitted) and its trailers,
+/// filtered as headers are. Trailers are kept even when the body is over the cap: a replay
+/// without its body still carries them (a gRPC status).
+struct Capture {
+    chunks: Option<Vec<Bytes>>,
+    len: u64,
+    cap: u64,
+    trailers: Vec<(HeaderName, HeaderValue)>,
+}
+
+impl Capture {
+    fn new(capturing: bool, cap: u64) -> Self {
+        Capture {
+            chunks: capturing.then(Vec::new),
+            len: 0,
+            cap,
+            trailers: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, config: &Config, frame: &Frame<Bytes>) {
+        if let Some(data) = frame.data_ref() {
+            self.len = self.len.saturating_add(data.len() as u64);
+            if self.len > self.cap {
+                self.chunks = None;
+            } else if let Some(chunks) = self.chunks.as_mut() {
+                chunks.push(data.clone());
+            }
+        } else if let Some(sent) = frame.trailers_ref() {
+            self.trailers.extend(config.storable_headers(sent));
+        }
+    }
+}
+
+/// Chunks of data in one piece (a single chunk as it is, without a copy).
+fn concat(mut chunks: Vec<Bytes>) -> Bytes {
+    match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.pop().unwrap_or_default(),
+        _ => Bytes::from(chunks.concat()),
+    }
 }

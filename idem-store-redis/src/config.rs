@@ -120,7 +120,7 @@ impl ClockOffset {
 /// | namespace | `default` |
 /// | connect timeout | 2 s (each connection attempt) |
 /// | command timeout | 1 s (every store operation, reconnects included) |
-/// | compression threshold | 1 KiB (results above it are lz4-compressed if that makes them smaller) |
+/// | compression threshold | off (idem-http compresses response bodies itself) |
 /// | max result size | 16 MiB (before compression) |
 /// | lease policy | lenient ([`LeasePolicy::Lenient`]) |
 /// | fence memory | 60 s |
@@ -237,7 +237,7 @@ impl RedisConfig {
             database: None,
             connect_timeout: Duration::from_secs(2),
             command_timeout: Duration::from_secs(1),
-            compression_threshold: 1024,
+            compression_threshold: usize::MAX,
             max_result_size: DEFAULT_MAX_RESULT,
             lease_policy: LeasePolicy::Lenient,
             fence_memory: Duration::from_secs(60),
@@ -311,7 +311,9 @@ impl RedisConfig {
     }
 
     /// Results longer than this many bytes are lz4-compressed before they are stored, when
-    /// that makes them smaller (default 1 KiB). `usize::MAX` turns compression off.
+    /// that makes them smaller. Off by default (`usize::MAX`): idem-http compresses a
+    /// response's body itself, once, and a second pass over it costs time for nothing. Set it
+    /// for large results of your own that are not compressed (a worker's, say).
     pub fn with_compression_threshold(mut self, bytes: usize) -> Self {
         self.compression_threshold = bytes;
         self

@@ -43,8 +43,9 @@
 //! of a Redis key). The braces are a Cluster hash tag around the whole identity: a record lives
 //! on one node, and every command touches one slot (no `CROSSSLOT`). The value (see the
 //! README's "Record layout") is a layout version byte, then a tombstone (the last fence) or a
-//! record: its key, and idem-core's binary record format ([`idem_core::codec`]), its result
-//! lz4-compressed over the compression threshold (1 KiB by default) when that makes it smaller.
+//! record: its key, and idem-core's binary record format ([`idem_core::codec`]), its result as
+//! it is, or lz4-compressed over the compression threshold when one is set (none by default:
+//! idem-http compresses response bodies itself) and that makes it smaller.
 //!
 //! # Commands and time
 //! A claim is one `SET key value NX GET PX ttl`: it creates the in-flight record on an absent

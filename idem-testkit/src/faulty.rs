@@ -21,6 +21,7 @@ use idem_core::{
     Bytes, ClaimOutcome, ClaimRequest, Failure, Lease, Record, RecordKey, ScanPage, ScanQuery,
     Store, StoreError,
 };
+use tokio::sync::Notify;
 
 /// The switches of a [`FaultyStore`], shared with the test that flips them, and what it
 /// counted.
@@ -37,6 +38,11 @@ pub struct Faults {
     pub complete_down: AtomicBool,
     /// The next this many calls of `complete` answer `Unavailable`.
     pub complete_failures: AtomicU32,
+    /// While set, `complete` waits before it reaches the store (a slow store), until
+    /// [`Faults::release_completes`].
+    pub complete_held: AtomicBool,
+    /// Wakes the completes held.
+    completes_released: Notify,
     /// `heartbeat` answers `Unavailable`.
     pub heartbeat_down: AtomicBool,
     /// How many heartbeats were asked for.
@@ -45,6 +51,27 @@ pub struct Faults {
     pub releases: AtomicU32,
     /// How many scan pages were asked for.
     pub scans: AtomicU32,
+}
+
+impl Faults {
+    /// Lets the completes held by [`Faults::complete_held`] go on, and the next ones through.
+    pub fn release_completes(&self) {
+        self.complete_held.store(false, Ordering::SeqCst);
+        self.completes_released.notify_waiters();
+    }
+
+    /// Waits while completes are held.
+    async fn hold_complete(&self) {
+        loop {
+            let released = self.completes_released.notified();
+            let mut released = std::pin::pin!(released);
+            released.as_mut().enable();
+            if !self.complete_held.load(Ordering::SeqCst) {
+                return;
+            }
+            released.await;
+        }
+    }
 }
 
 /// Wraps `S`; every operation goes to it unless a switch of [`Faults`] makes it fail.
@@ -115,6 +142,7 @@ impl<S: Store> Store for FaultyStore<S> {
         result: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
+        self.faults.hold_complete().await;
         if self.faults.complete_down.load(Ordering::SeqCst)
             || take_one(&self.faults.complete_failures)
         {

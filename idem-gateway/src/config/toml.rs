@@ -174,7 +174,7 @@ pub struct RouteSection {
     pub request_body_limit: Option<Spanned<ByteSize>>,
     /// How long a covered request's whole body may take to arrive; longer -> 408.
     pub request_body_timeout: Option<Spanned<HumanDuration>>,
-    /// The largest response stored (encoded, compressed).
+    /// The largest response body stored (as sent; its record, compressed, must fit too).
     pub storage_cap: Option<Spanned<ByteSize>>,
     /// Store 5xx responses too (Stripe's way).
     pub store_server_errors: Option<bool>,
