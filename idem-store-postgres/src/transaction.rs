@@ -47,8 +47,11 @@ impl PostgresStore {
     /// [`Store::complete`] inside the caller's transaction: the result is recorded if and only
     /// if `tx` commits, so the business write made in `tx` and the completion commit together.
     ///
-    /// `tx` is a [`Transaction`], or a pooled connection on which the caller ran `BEGIN` (a
-    /// transaction that must outlive the borrow of its connection, as idem-http-postgres's).
+    /// `tx` is a [`Transaction`][deadpool-transaction], or a pooled connection on which the
+    /// caller ran `BEGIN` (a transaction that must outlive the borrow of its connection, as
+    /// idem-http-postgres's).
+    ///
+    /// [deadpool-transaction]: https://docs.rs/deadpool-postgres/latest/deadpool_postgres/struct.Transaction.html
     ///
     /// # Errors
     /// As [`Store::complete`].
