@@ -15,7 +15,7 @@ pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 /// lost its claim, or the record is not in a state that allows the step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Rejection {
+pub enum TransitionRejection {
     /// There is no record under the key any more (it expired or was deleted).
     NotFound,
     /// Another attempt holds (or held) the key: the record's fence or owner differs.
@@ -33,15 +33,17 @@ pub enum Rejection {
     },
 }
 
-impl fmt::Display for Rejection {
+impl fmt::Display for TransitionRejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Rejection::NotFound => f.write_str("the record no longer exists"),
-            Rejection::Superseded { current } => {
+            TransitionRejection::NotFound => f.write_str("the record no longer exists"),
+            TransitionRejection::Superseded { current } => {
                 write!(f, "the key is held by a newer attempt (fence {current})")
             }
-            Rejection::LeaseExpired => f.write_str("the lease ran out"),
-            Rejection::AlreadySettled { state } => write!(f, "the record is already {state}"),
+            TransitionRejection::LeaseExpired => f.write_str("the lease ran out"),
+            TransitionRejection::AlreadySettled { state } => {
+                write!(f, "the record is already {state}")
+            }
         }
     }
 }
@@ -77,7 +79,7 @@ pub enum StoreError {
     },
     /// The holder's transition was refused: its claim is lost or the record is settled.
     #[error("transition refused: {0}")]
-    Rejected(Rejection),
+    Rejected(TransitionRejection),
     /// The store is full of records it may not evict (records in flight).
     #[error("store full: {limit} records, none of which may be evicted")]
     Capacity {
@@ -128,7 +130,7 @@ impl StoreError {
 
     /// The rejection, if this error is one.
     #[must_use]
-    pub fn rejection(&self) -> Option<Rejection> {
+    pub fn rejection(&self) -> Option<TransitionRejection> {
         match self {
             StoreError::Rejected(rejection) => Some(*rejection),
             _ => None,
@@ -218,8 +220,8 @@ impl fmt::Display for RedactedError<'_> {
     }
 }
 
-impl From<Rejection> for StoreError {
-    fn from(rejection: Rejection) -> Self {
+impl From<TransitionRejection> for StoreError {
+    fn from(rejection: TransitionRejection) -> Self {
         StoreError::Rejected(rejection)
     }
 }
@@ -231,7 +233,7 @@ mod tests {
     #[test]
     fn retryability_is_answered() {
         assert!(StoreError::unavailable("down").is_retryable());
-        assert!(!StoreError::Rejected(Rejection::NotFound).is_retryable());
+        assert!(!StoreError::Rejected(TransitionRejection::NotFound).is_retryable());
         let err = StoreError::unavailable(std::io::Error::other("refused"));
         assert!(err.source().is_some());
         assert_eq!(err.kind(), "unavailable");
@@ -247,7 +249,7 @@ mod tests {
                 after: std::time::Duration::from_secs(1),
             },
             StoreError::corrupt(&key, "no state"),
-            StoreError::Rejected(Rejection::NotFound),
+            StoreError::Rejected(TransitionRejection::NotFound),
             StoreError::Capacity { limit: 1 },
             StoreError::TooLarge { size: 2, limit: 1 },
             StoreError::invalid_cursor("x"),

@@ -72,7 +72,7 @@ mod token;
 
 pub use deferred::Deferred;
 pub use driver::Driven;
-pub use error::{BoxError, RedactedError, Rejection, StoreError};
+pub use error::{BoxError, RedactedError, StoreError, TransitionRejection};
 pub use estimate::ClockEstimate;
 pub use fingerprint::{Fingerprint, FingerprintBuilder, ParseFingerprintError};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN, RecordKey, Scope};
@@ -81,7 +81,7 @@ pub use store::{
     ClaimOutcome, ClaimRequest, Lease, ScanEntry, ScanPage, ScanQuery, Store, StoreStats,
     UnreadableRecord,
 };
-pub use time::{Clock, ManualClock, SystemClock, Timestamp, duration_micros, saturating_deadline};
+pub use time::{Clock, ManualClock, SystemClock, Timestamp};
 pub use token::{Fence, OwnerToken, ParseOwnerTokenError};
 
 /// Re-exported so stores and users name the same `Bytes`.

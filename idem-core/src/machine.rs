@@ -25,7 +25,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::atomic::Held;
-use crate::error::{Rejection, StoreError};
+use crate::error::{StoreError, TransitionRejection};
 use crate::record::{Failure, Record, State};
 use crate::store::{ClaimOutcome, ClaimRequest, Lease};
 use crate::time::Timestamp;
@@ -69,7 +69,7 @@ pub enum LeasePolicy {
     /// Yes: only a takeover (a new owner) stops the old holder. The default.
     #[default]
     Lenient,
-    /// No: a lapsed lease is refused with [`Rejection::LeaseExpired`].
+    /// No: a lapsed lease is refused with [`TransitionRejection::LeaseExpired`].
     Strict,
 }
 
@@ -188,7 +188,7 @@ fn held<'a>(
     if lease.holds(record) {
         Ok(Some(record))
     } else {
-        Err(Rejection::Superseded {
+        Err(TransitionRejection::Superseded {
             current: record.fence,
         }
         .into())
@@ -197,7 +197,7 @@ fn held<'a>(
 
 fn check_policy(record: &Record, now: Timestamp, policy: LeasePolicy) -> Result<(), StoreError> {
     if policy == LeasePolicy::Strict && record.state == State::InFlight && !record.is_live(now) {
-        return Err(Rejection::LeaseExpired.into());
+        return Err(TransitionRejection::LeaseExpired.into());
     }
     Ok(())
 }
@@ -214,9 +214,9 @@ pub fn heartbeat(
     now: Timestamp,
     policy: LeasePolicy,
 ) -> Result<Step<Lease>, StoreError> {
-    let record = held(existing, lease, now)?.ok_or(Rejection::NotFound)?;
+    let record = held(existing, lease, now)?.ok_or(TransitionRejection::NotFound)?;
     if record.state != State::InFlight {
-        return Err(Rejection::AlreadySettled {
+        return Err(TransitionRejection::AlreadySettled {
             state: record.state,
         }
         .into());
@@ -249,10 +249,10 @@ pub fn complete(
     now: Timestamp,
     policy: LeasePolicy,
 ) -> Result<Step<()>, StoreError> {
-    let record = held(existing, lease, now)?.ok_or(Rejection::NotFound)?;
+    let record = held(existing, lease, now)?.ok_or(TransitionRejection::NotFound)?;
     match record.state {
         State::Completed => Ok(Step::answer(())),
-        State::Failed => Err(Rejection::AlreadySettled {
+        State::Failed => Err(TransitionRejection::AlreadySettled {
             state: State::Failed,
         }
         .into()),
@@ -291,12 +291,12 @@ pub fn fail(
         return if failure.retryable {
             Ok(Step::answer(()))
         } else {
-            Err(Rejection::NotFound.into())
+            Err(TransitionRejection::NotFound.into())
         };
     };
     match record.state {
         State::Failed if !failure.retryable => Ok(Step::answer(())),
-        State::Completed | State::Failed => Err(Rejection::AlreadySettled {
+        State::Completed | State::Failed => Err(TransitionRejection::AlreadySettled {
             state: record.state,
         }
         .into()),
@@ -338,7 +338,7 @@ pub fn release(
             write: Write::Remove,
             answer: (),
         }),
-        Some(record) => Err(Rejection::AlreadySettled {
+        Some(record) => Err(TransitionRejection::AlreadySettled {
             state: record.state,
         }
         .into()),

@@ -6,7 +6,7 @@
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A point in store time: microseconds since the UNIX epoch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -61,19 +61,8 @@ impl fmt::Display for Timestamp {
 
 /// A duration in whole microseconds, saturating at `u64::MAX`.
 #[must_use]
-pub fn duration_micros(d: Duration) -> u64 {
+pub(crate) fn duration_micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
-}
-
-/// The instant `by` after `from`, saturated: a lease, heartbeat or wait as long as
-/// `Duration::MAX` means "no end in sight" (about 30 years on), never an `Instant` overflow,
-/// which panics. For the deadlines the HTTP layer and the job guard keep in process time.
-#[must_use]
-pub fn saturating_deadline(from: Instant, by: Duration) -> Instant {
-    const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 86_400);
-    from.checked_add(by)
-        .or_else(|| from.checked_add(FAR_FUTURE))
-        .unwrap_or(from)
 }
 
 /// A source of store time.

@@ -13,7 +13,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
-use idem_core::{BoxError, Lease, RecordKey, Rejection, StoreError};
+use idem_core::{BoxError, Lease, RecordKey, StoreError, TransitionRejection};
 use idem_http::codec::{self, StoredResponse};
 use idem_http::{Config, IdempotencyContext, fields};
 use idem_store_postgres::PostgresStore;
@@ -392,7 +392,7 @@ fn commit_unknown(shared: &TxShared) -> Response<TxBody> {
 }
 
 /// Another attempt took the key over while this one ran: its writes were rolled back.
-fn superseded(rejection: &Rejection) -> Response<TxBody> {
+fn superseded(rejection: &TransitionRejection) -> Response<TxBody> {
     tracing::warn!(%rejection, "the handler's response was refused by its record: its writes were rolled back");
     problem(
         StatusCode::CONFLICT,

@@ -8,8 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Failure, Fence, Lease, Record, RecordKey, Rejection, ScanPage,
-    ScanQuery, Store, StoreError, StoreStats,
+    ClaimOutcome, ClaimRequest, Failure, Fence, Lease, Record, RecordKey, ScanPage, ScanQuery,
+    Store, StoreError, StoreStats, TransitionRejection,
 };
 use idem_store_postgres::PostgresStore;
 
@@ -101,10 +101,10 @@ impl Store for TxStore {
             // A response whose writes rolled back is never recorded: the key is given back.
             Settled::RolledBack => {
                 self.store.release(lease).await?;
-                Err(StoreError::Rejected(Rejection::NotFound))
+                Err(StoreError::Rejected(TransitionRejection::NotFound))
             }
             // Left to the lease: the record is completed, or in flight until the lease ends.
-            Settled::Unknown => Err(StoreError::Rejected(Rejection::LeaseExpired)),
+            Settled::Unknown => Err(StoreError::Rejected(TransitionRejection::LeaseExpired)),
         }
     }
 
@@ -115,10 +115,10 @@ impl Store for TxStore {
         retention: Duration,
     ) -> Result<(), StoreError> {
         match self.leases.take(lease) {
-            Settled::Committed => Err(StoreError::Rejected(Rejection::AlreadySettled {
+            Settled::Committed => Err(StoreError::Rejected(TransitionRejection::AlreadySettled {
                 state: idem_core::State::Completed,
             })),
-            Settled::Unknown => Err(StoreError::Rejected(Rejection::LeaseExpired)),
+            Settled::Unknown => Err(StoreError::Rejected(TransitionRejection::LeaseExpired)),
             Settled::Open | Settled::RolledBack => self.store.fail(lease, failure, retention).await,
         }
     }

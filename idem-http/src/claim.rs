@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use bytes::Bytes;
-use idem_core::{Lease, Rejection, StoreError};
+use idem_core::{Lease, StoreError, TransitionRejection};
 use idem_lease::LeaseKeeper;
 use tokio::time::Instant;
 
@@ -232,20 +232,20 @@ impl Claim {
 /// blocks a retry, which runs the handler again.
 fn not_stored_message(error: &StoreError) -> &'static str {
     match error {
-        StoreError::Rejected(Rejection::NotFound) => {
+        StoreError::Rejected(TransitionRejection::NotFound) => {
             "the record was deleted while the request ran (by an operator, or it expired): the \
              response was not stored, and a retry will run the handler again"
         }
-        StoreError::Rejected(Rejection::Superseded { .. }) => {
+        StoreError::Rejected(TransitionRejection::Superseded { .. }) => {
             "another attempt holds the key now (this one's lease lapsed, or its record was \
              deleted and the key claimed again): the response was not stored, and a retry is \
              answered from the other attempt"
         }
-        StoreError::Rejected(Rejection::LeaseExpired) => {
+        StoreError::Rejected(TransitionRejection::LeaseExpired) => {
             "the lease ran out before the response was stored: the response was not stored, and \
              a retry may run the handler again"
         }
-        StoreError::Rejected(Rejection::AlreadySettled { .. }) => {
+        StoreError::Rejected(TransitionRejection::AlreadySettled { .. }) => {
             "the record was already settled by another outcome: the response was not stored"
         }
         _ => "storing the response failed: a retry after the lease may run the handler again",

@@ -44,12 +44,9 @@ pub const STATUS_HEADER: &str = "idempotency-status";
 
 /// Frames buffered between the handler's task and a slow client.
 const STREAM_FRAMES: usize = 16;
-/// The instant `by` from now, saturated ([`idem_core::saturating_deadline`]).
+/// The instant `by` from now, saturated ([`idem_lease::saturating_deadline`]).
 pub(crate) fn after(by: Duration) -> Instant {
-    Instant::from_std(idem_core::saturating_deadline(
-        Instant::now().into_std(),
-        by,
-    ))
+    idem_lease::saturating_deadline(Instant::now(), by)
 }
 
 /// The middleware of [`crate::IdempotencyLayer`]: wraps the service `S`.

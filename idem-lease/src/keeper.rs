@@ -118,10 +118,23 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// When a lease of `lease` granted at `sent` ends; far in the future (never a panic) for a
-/// lease longer than the clock can count.
-fn lease_end(sent: Instant, lease: Duration) -> Instant {
-    Instant::from_std(idem_core::saturating_deadline(sent.into_std(), lease))
+/// The instant `by` after `from`, saturated: a lease, heartbeat or wait as long as
+/// `Duration::MAX` means "no end in sight" (about 30 years on), never an `Instant` overflow,
+/// which panics. For the deadlines the HTTP layer and the job guard keep in process time.
+///
+/// ```
+/// use std::time::Duration;
+/// use tokio::time::Instant;
+///
+/// let now = Instant::now();
+/// assert!(idem_lease::saturating_deadline(now, Duration::MAX) > now);
+/// ```
+#[must_use]
+pub fn saturating_deadline(from: Instant, by: Duration) -> Instant {
+    const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 86_400);
+    from.checked_add(by)
+        .or_else(|| from.checked_add(FAR_FUTURE))
+        .unwrap_or(from)
 }
 
 /// Holds one lease while its work runs (an HTTP handler, a job).
@@ -202,7 +215,7 @@ impl LeaseKeeper {
         lease: Lease,
         sent: Instant,
     ) -> Self {
-        let granted_until = lease_end(sent, config.lease);
+        let granted_until = saturating_deadline(sent, config.lease);
         LeaseKeeper {
             store,
             config,
@@ -391,7 +404,7 @@ async fn heartbeat(
     beat: Arc<Beat>,
 ) {
     let interval = config.heartbeat;
-    let mut next = lease_end(Instant::now(), interval);
+    let mut next = saturating_deadline(Instant::now(), interval);
     loop {
         tokio::time::sleep_until(next).await;
         if beat.lost.is_cancelled() {
@@ -401,8 +414,8 @@ async fn heartbeat(
         let sent = Instant::now();
         match store.heartbeat(&lease, config.lease).await {
             Ok(_) => {
-                *lock(&beat.deadline) = lease_end(sent, config.lease);
-                next = lease_end(sent, interval);
+                *lock(&beat.deadline) = saturating_deadline(sent, config.lease);
+                next = saturating_deadline(sent, interval);
             }
             Err(error) => {
                 let ends = *lock(&beat.deadline);
@@ -417,7 +430,7 @@ async fn heartbeat(
                     // Again after an interval, but no later than the lease's end: a store
                     // still unreachable then means the lease is lost, and the work learns it
                     // when the lease ends, not up to an interval later.
-                    next = lease_end(now, interval).min(ends);
+                    next = saturating_deadline(now, interval).min(ends);
                     continue;
                 }
                 *lock(&beat.loss) = Some(error);

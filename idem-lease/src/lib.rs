@@ -46,7 +46,7 @@
 mod keeper;
 mod metered;
 
-pub use keeper::{KeeperConfig, LeaseKeeper};
+pub use keeper::{KeeperConfig, LeaseKeeper, saturating_deadline};
 pub use metered::{Metered, StoreOp, describe, register_at_zero};
 
 /// The README's code blocks, compiled and run as doctests.

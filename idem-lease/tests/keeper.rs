@@ -61,7 +61,7 @@ async fn a_store_unreachable_for_a_whole_lease_loses_it_when_it_ends() {
     assert_eq!(recorder.get("idem_lease_losses_total{job_type=t}"), 1);
     // A settle refused afterwards does not count the same loss again.
     keeper.lose(&idem_core::StoreError::Rejected(
-        idem_core::Rejection::LeaseExpired,
+        idem_core::TransitionRejection::LeaseExpired,
     ));
     assert_eq!(recorder.get("idem_lease_losses_total{job_type=t}"), 1);
     assert!(matches!(
@@ -141,7 +141,7 @@ async fn a_loss_noticed_by_many_at_once_counts_once() {
             &format!("k{round}"),
         )
         .await;
-        let refused = idem_core::StoreError::Rejected(idem_core::Rejection::LeaseExpired);
+        let refused = idem_core::StoreError::Rejected(idem_core::TransitionRejection::LeaseExpired);
         std::thread::scope(|threads| {
             for _ in 0..8 {
                 threads.spawn(|| {

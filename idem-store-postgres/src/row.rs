@@ -5,8 +5,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use deadpool_postgres::tokio_postgres::Row;
 use deadpool_postgres::tokio_postgres::types::FromSql;
 use idem_core::{
-    Bytes, Failure, Fence, Fingerprint, OwnerToken, Record, RecordKey, State, StoreError,
-    Timestamp, duration_micros,
+    Bytes, Failure, Fence, Fingerprint, OwnerToken, Record, RecordKey, State, StoreError, Timestamp,
 };
 
 /// The column of the store's clock, after the twelve record columns.
@@ -20,7 +19,7 @@ fn get<'a, T: FromSql<'a>>(key: &RecordKey, row: &'a Row, index: usize) -> Resul
 /// A timestamp from a `timestamptz` value.
 pub(crate) fn timestamp(key: &RecordKey, time: SystemTime) -> Result<Timestamp, StoreError> {
     time.duration_since(UNIX_EPOCH)
-        .map(|d| Timestamp::from_micros(duration_micros(d)))
+        .map(|d| Timestamp::EPOCH.saturating_add(d))
         .map_err(|_| StoreError::corrupt(key, "a timestamp before 1970"))
 }
 
@@ -36,7 +35,7 @@ pub(crate) fn clock_at(row: &Row, index: usize) -> Result<Timestamp, String> {
         .try_get(index)
         .map_err(|e| format!("column {index}: {e}"))?;
     at.duration_since(UNIX_EPOCH)
-        .map(|d| Timestamp::from_micros(duration_micros(d)))
+        .map(|d| Timestamp::EPOCH.saturating_add(d))
         .map_err(|_| "the store's clock is before 1970".to_owned())
 }
 

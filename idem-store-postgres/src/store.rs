@@ -14,7 +14,7 @@ use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMe
 use idem_core::machine::LeasePolicy;
 use idem_core::{
     Bytes, ClaimOutcome, ClaimRequest, ClockEstimate, Driven, Failure, Lease, Record, RecordKey,
-    ScanPage, ScanQuery, Store, StoreError, Timestamp, duration_micros,
+    ScanPage, ScanQuery, Store, StoreError, Timestamp,
 };
 
 use crate::config::PostgresConfig;
@@ -95,7 +95,7 @@ fn build_pool(config: &PostgresConfig) -> Result<Pool, StoreError> {
 
 /// Converts a duration for the database, capped at [`MAX_DURATION_MICROS`].
 pub(crate) fn micros(d: Duration) -> i64 {
-    i64::try_from(duration_micros(d).min(MAX_DURATION_MICROS)).unwrap_or(i64::MAX)
+    i64::try_from(d.as_micros().min(u128::from(MAX_DURATION_MICROS))).unwrap_or(i64::MAX)
 }
 
 impl PostgresStore {

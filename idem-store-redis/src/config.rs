@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use idem_core::machine::LeasePolicy;
-use idem_core::{Clock, SystemClock, duration_micros};
+use idem_core::{Clock, SystemClock};
 
 use crate::layout;
 
@@ -83,7 +83,7 @@ impl ClockOffset {
 
     /// Moves store time forward by `by` (saturating at [`ClockOffset::MAX_MICROS`]).
     pub fn advance(&self, by: Duration) {
-        let by = i64::try_from(duration_micros(by)).unwrap_or(i64::MAX);
+        let by = i64::try_from(by.as_micros()).unwrap_or(i64::MAX);
         // fetch_update with a closure that always returns Some never fails.
         let _ = self
             .0

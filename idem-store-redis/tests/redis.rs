@@ -16,8 +16,8 @@ use common::{
 };
 use idem_core::machine::LeasePolicy;
 use idem_core::{
-    Bytes, ClaimOutcome, Failure, IdempotencyKey, Lease, RecordKey, Rejection, ScanQuery, Scope,
-    State, Store, StoreError,
+    Bytes, ClaimOutcome, Failure, IdempotencyKey, Lease, RecordKey, ScanQuery, Scope, State, Store,
+    StoreError, TransitionRejection,
 };
 use idem_store_redis::{ClockOffset, RedisConfig, RedisStore};
 use idem_testkit::Harness;
@@ -803,9 +803,9 @@ async fn strict_mode_refuses_a_lapsed_holder() {
         .complete(&lease, Bytes::new(), RETENTION)
         .await
         .unwrap_err();
-    assert_eq!(err.rejection(), Some(Rejection::LeaseExpired));
+    assert_eq!(err.rejection(), Some(TransitionRejection::LeaseExpired));
     let err = store.heartbeat(&lease, LEASE).await.unwrap_err();
-    assert_eq!(err.rejection(), Some(Rejection::LeaseExpired));
+    assert_eq!(err.rejection(), Some(TransitionRejection::LeaseExpired));
     // A lenient store on the same records lets the holder finish.
     store.release(&lease).await.unwrap();
     drop(h);

@@ -14,7 +14,7 @@ use std::time::Duration;
 use idem_core::machine::{self, LeasePolicy, Step, Write};
 use idem_core::{
     Bytes, ClaimOutcome, ClaimRequest, Failure, Fence, Fingerprint, IdempotencyKey, Lease,
-    OwnerToken, Record, RecordKey, Rejection, Store, StoreError, Timestamp,
+    OwnerToken, Record, RecordKey, Store, StoreError, Timestamp, TransitionRejection,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -335,9 +335,12 @@ fn compare_results<T: std::fmt::Debug, U: std::fmt::Debug>(
     }
 }
 
-fn same_rejection(a: Rejection, b: Rejection) -> bool {
+fn same_rejection(a: TransitionRejection, b: TransitionRejection) -> bool {
     match (a, b) {
-        (Rejection::AlreadySettled { state: x }, Rejection::AlreadySettled { state: y }) => x == y,
+        (
+            TransitionRejection::AlreadySettled { state: x },
+            TransitionRejection::AlreadySettled { state: y },
+        ) => x == y,
         _ => discriminant(&a) == discriminant(&b),
     }
 }

@@ -22,7 +22,7 @@
 //! use std::sync::Arc;
 //! use idem_core::{Fingerprint, IdempotencyKey};
 //! use idem_store_postgres::{PostgresConfig, PostgresStore};
-//! use idem_worker::{JobError, JobGuard, Outcome, ResultExt};
+//! use idem_worker::{JobError, JobGuard, JobOutcome, ResultExt};
 //! use idem_worker_postgres::PgJobGuard;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -48,11 +48,11 @@
 //!     Ok::<_, JobError>("credited".to_owned())
 //! };
 //! let run = guard.run_in_tx(&key, Fingerprint::of(&[payload]), 1, job).await;
-//! assert!(matches!(run.outcome, Outcome::Executed(_)));
+//! assert!(matches!(run.outcome, JobOutcome::Executed(_)));
 //!
 //! // A redelivery is answered from the record; the INSERT ran once.
 //! let again = guard.run_in_tx(&key, Fingerprint::of(&[payload]), 2, job).await;
-//! assert!(matches!(again.outcome, Outcome::Replayed(ref r) if r == "credited"));
+//! assert!(matches!(again.outcome, JobOutcome::Replayed(ref r) if r == "credited"));
 //! # let n: i64 = client.query_one(&format!("SELECT count(*) FROM {schema}.credits"), &[]).await?.get(0);
 //! # assert_eq!(n, 1);
 //! # client.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await?;
@@ -79,7 +79,7 @@ use idem_core::{Bytes, Failure, Fingerprint, IdempotencyKey, Lease, StoreError};
 use idem_store_postgres::PostgresStore;
 use idem_store_postgres::deadpool_postgres::Transaction;
 use idem_worker::{
-    Disposition, ErrorClass, JobContext, JobError, JobGuard, Outcome, Run, RunError,
+    Disposition, ErrorClass, JobContext, JobError, JobGuard, JobOutcome, Run, RunError,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -161,7 +161,7 @@ impl PgJobGuard {
             let savepoint = match tx.savepoint(SAVEPOINT).await {
                 Ok(savepoint) => savepoint,
                 Err(error) => {
-                    let outcome = Outcome::Error(RunError::Store {
+                    let outcome = JobOutcome::Error(RunError::Store {
                         op: "savepoint",
                         source: StoreError::unavailable(error),
                     });
@@ -210,7 +210,7 @@ impl PgJobGuard {
             // A claim error is never an acquired claim.
             Err(_) => self.guard.report(
                 span,
-                Outcome::Error(RunError::Store {
+                JobOutcome::Error(RunError::Store {
                     op: "claim",
                     source: StoreError::unavailable("no claim"),
                 }),
@@ -240,14 +240,14 @@ impl PgJobGuard {
                     .await;
                 match completed {
                     Ok(()) => match self.commit(tx).await {
-                        Ok(()) => (Outcome::Executed(value), Disposition::Ack, "completed"),
+                        Ok(()) => (JobOutcome::Executed(value), Disposition::Ack, "completed"),
                         // Committed or not: a redelivery finds the record or a free key.
                         Err(error) => commit_failed(retry.after_failure(delivery), error),
                     },
                     Err(error) => {
                         let _ = tx.rollback().await;
                         (
-                            Outcome::Error(RunError::Store {
+                            JobOutcome::Error(RunError::Store {
                                 op: "complete",
                                 source: error,
                             }),
@@ -261,7 +261,7 @@ impl PgJobGuard {
                 self.count_failure("transient");
                 let _ = tx.rollback().await;
                 (
-                    Outcome::Error(RunError::Transient(error.into_cause())),
+                    JobOutcome::Error(RunError::Transient(error.into_cause())),
                     retry.after_failure(delivery),
                     "absent",
                 )
@@ -270,7 +270,7 @@ impl PgJobGuard {
                 self.count_failure("panic");
                 let _ = tx.rollback().await;
                 (
-                    Outcome::Error(RunError::Panicked(message)),
+                    JobOutcome::Error(RunError::Panicked(message)),
                     retry.after_failure(delivery),
                     "absent",
                 )
@@ -278,7 +278,7 @@ impl PgJobGuard {
             Ended::Broken(op, error) => {
                 let _ = tx.rollback().await;
                 (
-                    Outcome::Error(RunError::Store {
+                    JobOutcome::Error(RunError::Store {
                         op,
                         source: StoreError::unavailable(error),
                     }),
@@ -291,21 +291,21 @@ impl PgJobGuard {
                 let failure =
                     Failure::permanent(format!("the job's result could not be encoded: {error}"));
                 self.fail(tx, lease, failure, delivery, |_| {
-                    Outcome::Error(RunError::Encode(error))
+                    JobOutcome::Error(RunError::Encode(error))
                 })
                 .await
             }
             Ended::Undone(error) if error.class() == ErrorClass::Permanent => {
                 self.count_failure("permanent");
                 let failure = Failure::permanent(error.cause().to_string());
-                self.fail(tx, lease, failure, delivery, Outcome::Failed)
+                self.fail(tx, lease, failure, delivery, JobOutcome::Failed)
                     .await
             }
             Ended::Undone(error) => {
                 // Unknown outcome: keep the claim (alone) until its lease ends.
                 self.count_failure("unknown");
                 let kept = self.commit(tx).await;
-                let outcome = Outcome::Error(RunError::UnknownOutcome(error.into_cause()));
+                let outcome = JobOutcome::Error(RunError::UnknownOutcome(error.into_cause()));
                 match kept {
                     Ok(()) => (
                         outcome,
@@ -327,8 +327,8 @@ impl PgJobGuard {
         lease: &Lease,
         failure: Failure,
         delivery: u32,
-        outcome: impl FnOnce(Failure) -> Outcome<T>,
-    ) -> (Outcome<T>, Disposition, &'static str) {
+        outcome: impl FnOnce(Failure) -> JobOutcome<T>,
+    ) -> (JobOutcome<T>, Disposition, &'static str) {
         let retry = self.guard.retry_policy();
         let failed = self
             .guard
@@ -346,7 +346,7 @@ impl PgJobGuard {
             Err(error) => {
                 let _ = tx.rollback().await;
                 (
-                    Outcome::Error(RunError::Store {
+                    JobOutcome::Error(RunError::Store {
                         op: "fail",
                         source: error,
                     }),
@@ -386,9 +386,9 @@ enum Ended<T> {
 fn commit_failed<T>(
     disposition: Disposition,
     error: StoreError,
-) -> (Outcome<T>, Disposition, &'static str) {
+) -> (JobOutcome<T>, Disposition, &'static str) {
     (
-        Outcome::Error(RunError::Store {
+        JobOutcome::Error(RunError::Store {
             op: "commit",
             source: error,
         }),

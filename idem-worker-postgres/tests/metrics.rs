@@ -10,7 +10,7 @@ use idem_store_postgres::deadpool_postgres::Transaction;
 use idem_store_postgres::{PostgresConfig, PostgresStore};
 use idem_testkit::probe::{require_tcp, service_url};
 use idem_testkit::recorder::CountingRecorder;
-use idem_worker::{JobContext, JobError, JobGuard, Outcome};
+use idem_worker::{JobContext, JobError, JobGuard, JobOutcome};
 use idem_worker_postgres::PgJobGuard;
 
 #[tokio::test(flavor = "current_thread")]
@@ -50,13 +50,13 @@ async fn job_duration_and_store_operations_are_measured() {
     let fp = Fingerprint::of(&[b"p"]);
     let job = async |_ctx: JobContext, _tx: &Transaction<'_>| Ok::<_, JobError>(7u32);
     let run = guard.run_in_tx(&key, fp, 1, job).await;
-    assert!(matches!(run.outcome, Outcome::Executed(7)), "{run:?}");
+    assert!(matches!(run.outcome, JobOutcome::Executed(7)), "{run:?}");
     let failing = IdempotencyKey::new("credit:2").unwrap();
     let job = async |_ctx: JobContext, _tx: &Transaction<'_>| {
         Err::<u32, _>(JobError::permanent("invalid"))
     };
     let run = guard.run_in_tx(&failing, fp, 1, job).await;
-    assert!(matches!(run.outcome, Outcome::Failed(_)), "{run:?}");
+    assert!(matches!(run.outcome, JobOutcome::Failed(_)), "{run:?}");
 
     assert_eq!(
         recorder.get("idem_job_duration_seconds{job_type=credit}"),

@@ -10,7 +10,7 @@ use idem_store_postgres::deadpool_postgres::Transaction;
 use idem_store_postgres::tokio_postgres;
 use idem_store_postgres::{PostgresConfig, PostgresStore};
 use idem_testkit::probe::{require_tcp, service_url};
-use idem_worker::{Disposition, JobContext, JobError, JobGuard, Outcome, ResultExt, RunError};
+use idem_worker::{Disposition, JobContext, JobError, JobGuard, JobOutcome, ResultExt, RunError};
 use idem_worker_postgres::PgJobGuard;
 
 const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -126,7 +126,7 @@ async fn the_effect_and_the_completion_commit_together() {
         .run_in_tx(&key("a"), fp(), 1, job!(f.insert(), "ok"))
         .await;
     assert!(
-        matches!(run.outcome, Outcome::Executed(ref v) if v == "done a"),
+        matches!(run.outcome, JobOutcome::Executed(ref v) if v == "done a"),
         "{run:?}"
     );
     assert_eq!(run.disposition, Disposition::Ack);
@@ -138,7 +138,7 @@ async fn the_effect_and_the_completion_commit_together() {
         .run_in_tx(&key("a"), fp(), 2, job!(f.insert(), "ok"))
         .await;
     assert!(
-        matches!(again.outcome, Outcome::Replayed(ref v) if v == "done a"),
+        matches!(again.outcome, JobOutcome::Replayed(ref v) if v == "done a"),
         "{again:?}"
     );
     assert_eq!(again.disposition, Disposition::Ack);
@@ -156,7 +156,7 @@ async fn a_transient_failure_rolls_back_the_effect_and_the_claim() {
         .run_in_tx(&key("t"), fp(), 1, job!(f.insert(), "transient"))
         .await;
     assert!(
-        matches!(run.outcome, Outcome::Error(RunError::Transient(_))),
+        matches!(run.outcome, JobOutcome::Error(RunError::Transient(_))),
         "{run:?}"
     );
     assert!(matches!(run.disposition, Disposition::Retry { .. }));
@@ -166,7 +166,7 @@ async fn a_transient_failure_rolls_back_the_effect_and_the_claim() {
         .guard
         .run_in_tx(&key("t"), fp(), 2, job!(f.insert(), "ok"))
         .await;
-    assert!(matches!(retry.outcome, Outcome::Executed(_)));
+    assert!(matches!(retry.outcome, JobOutcome::Executed(_)));
     assert_eq!(f.effects("t").await, 1);
     f.drop_schema().await;
 }
@@ -181,7 +181,7 @@ async fn a_permanent_failure_undoes_the_effect_and_records_the_failure() {
         .run_in_tx(&key("p"), fp(), 1, job!(f.insert(), "permanent"))
         .await;
     assert!(
-        matches!(run.outcome, Outcome::Failed(ref failure) if failure.message == "invalid"),
+        matches!(run.outcome, JobOutcome::Failed(ref failure) if failure.message == "invalid"),
         "{run:?}"
     );
     assert_eq!(run.disposition, Disposition::DeadLetter);
@@ -191,7 +191,7 @@ async fn a_permanent_failure_undoes_the_effect_and_records_the_failure() {
         .guard
         .run_in_tx(&key("p"), fp(), 2, job!(f.insert(), "ok"))
         .await;
-    assert!(matches!(again.outcome, Outcome::Failed(_)));
+    assert!(matches!(again.outcome, JobOutcome::Failed(_)));
     assert_eq!(f.effects("p").await, 0);
     f.drop_schema().await;
 }
@@ -206,7 +206,7 @@ async fn an_unknown_outcome_keeps_the_claim_alone() {
         .run_in_tx(&key("u"), fp(), 1, job!(f.insert(), "unknown"))
         .await;
     assert!(
-        matches!(run.outcome, Outcome::Error(RunError::UnknownOutcome(_))),
+        matches!(run.outcome, JobOutcome::Error(RunError::UnknownOutcome(_))),
         "{run:?}"
     );
     assert!(
@@ -220,7 +220,7 @@ async fn an_unknown_outcome_keeps_the_claim_alone() {
         .run_in_tx(&key("u"), fp(), 2, job!(f.insert(), "ok"))
         .await;
     assert!(
-        matches!(early.outcome, Outcome::InFlight { .. }),
+        matches!(early.outcome, JobOutcome::InFlight { .. }),
         "{early:?}"
     );
     f.drop_schema().await;
@@ -236,7 +236,7 @@ async fn a_panic_or_a_dropped_run_rolls_everything_back() {
         .run_in_tx(&key("x"), fp(), 1, job!(f.insert(), "panic"))
         .await;
     assert!(
-        matches!(run.outcome, Outcome::Error(RunError::Panicked(_))),
+        matches!(run.outcome, JobOutcome::Error(RunError::Panicked(_))),
         "{run:?}"
     );
     assert_eq!(f.effects("x").await, 0);
@@ -266,7 +266,10 @@ async fn a_panic_or_a_dropped_run_rolls_everything_back() {
         .guard
         .run_in_tx(&key("d"), fp(), 2, job!(f.insert(), "ok"))
         .await;
-    assert!(matches!(after.outcome, Outcome::Executed(_)), "{after:?}");
+    assert!(
+        matches!(after.outcome, JobOutcome::Executed(_)),
+        "{after:?}"
+    );
     assert_eq!(f.effects("d").await, 1);
     f.drop_schema().await;
 }

@@ -1,4 +1,4 @@
-//! [`Claim`]: a claimed key between [`JobGuard::admit`](crate::JobGuard::admit) and its run, with
+//! [`JobClaim`]: a claimed key between [`JobGuard::admit`](crate::JobGuard::admit) and its run, with
 //! the lease its heartbeat keeps alive.
 
 use std::fmt;
@@ -17,25 +17,25 @@ use tracing::{Instrument, Span};
 use crate::context::JobContext;
 use crate::error::{ErrorClass, JobError};
 use crate::guard::Inner;
-use crate::outcome::{Outcome, Run, RunError};
+use crate::outcome::{JobOutcome, Run, RunError};
 use crate::retry::Disposition;
 use crate::unwind::catch_unwind;
 
 /// A claimed key whose lease a heartbeat keeps alive, waiting for its job. Made by
 /// [`JobGuard::admit`](crate::JobGuard::admit).
 ///
-/// Dropping it (or a [`Claim::run`] future before it ends) releases the key from a spawned
+/// Dropping it (or a [`JobClaim::run`] future before it ends) releases the key from a spawned
 /// task: a claim is never held forever and never settled with a result it did not get.
 #[must_use]
-pub struct Claim {
+pub struct JobClaim {
     held: Held,
     taken_over: bool,
     span: Span,
 }
 
-impl fmt::Debug for Claim {
+impl fmt::Debug for JobClaim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Claim")
+        f.debug_struct("JobClaim")
             .field("lease", self.held.keeper.lease())
             .field("delivery", &self.held.delivery)
             .field("taken_over", &self.taken_over)
@@ -43,7 +43,7 @@ impl fmt::Debug for Claim {
     }
 }
 
-impl Claim {
+impl JobClaim {
     /// Holds `lease`, granted by a claim sent at `sent`, and starts its heartbeat.
     pub(crate) fn start(
         inner: Arc<Inner>,
@@ -52,8 +52,8 @@ impl Claim {
         sent: Instant,
         taken_over: bool,
         span: Span,
-    ) -> Claim {
-        Claim {
+    ) -> JobClaim {
+        JobClaim {
             held: Held::start(inner, lease, delivery, sent),
             taken_over,
             span,
@@ -149,13 +149,13 @@ impl Claim {
                     }
                     ErrorClass::Permanent => {
                         let failure = Failure::permanent(error.cause().to_string());
-                        self.fail_permanently(failure, Outcome::Failed).await
+                        self.fail_permanently(failure, JobOutcome::Failed).await
                     }
                     ErrorClass::Unknown => {
                         // Keep the claim: nobody may run the job again before the lease ends.
                         self.held.keeper.disarm();
                         (
-                            Outcome::Error(RunError::UnknownOutcome(error.into_cause())),
+                            JobOutcome::Error(RunError::UnknownOutcome(error.into_cause())),
                             inner
                                 .retry
                                 .after_failure_waiting(delivery, self.held.keeper.remaining()),
@@ -177,25 +177,25 @@ impl Claim {
     async fn release_after<T>(
         &mut self,
         error: RunError,
-    ) -> (Outcome<T>, Disposition, &'static str) {
+    ) -> (JobOutcome<T>, Disposition, &'static str) {
         let inner = self.held.inner.clone();
         let released = self.held.settle(Settle::Release).await;
         let delivery = self.held.delivery;
         match released {
             Ok(()) => (
-                Outcome::Error(error),
+                JobOutcome::Error(error),
                 inner.retry.after_failure(delivery),
                 "absent",
             ),
             // Another attempt holds the key now: nothing to give back.
             Err(store) if store.rejection().is_some() => (
-                Outcome::Error(error),
+                JobOutcome::Error(error),
                 inner.retry.after_failure(delivery),
                 "lost",
             ),
             // Not released: the key lapses with the lease.
             Err(_) => (
-                Outcome::Error(error),
+                JobOutcome::Error(error),
                 inner
                     .retry
                     .after_failure_waiting(delivery, self.held.keeper.remaining()),
@@ -208,8 +208,8 @@ impl Claim {
     async fn fail_permanently<T>(
         &mut self,
         failure: Failure,
-        outcome: impl FnOnce(Failure) -> Outcome<T>,
-    ) -> (Outcome<T>, Disposition, &'static str) {
+        outcome: impl FnOnce(Failure) -> JobOutcome<T>,
+    ) -> (JobOutcome<T>, Disposition, &'static str) {
         let retention = self.held.inner.failure_retention;
         let failed = self
             .held
@@ -225,7 +225,7 @@ impl Claim {
     async fn record_result<T: Serialize>(
         &mut self,
         value: T,
-    ) -> (Outcome<T>, Disposition, &'static str) {
+    ) -> (JobOutcome<T>, Disposition, &'static str) {
         let inner = self.held.inner.clone();
         let bytes = match serde_json::to_vec(&value) {
             Ok(bytes) => Bytes::from(bytes),
@@ -235,7 +235,7 @@ impl Claim {
                 let failure =
                     Failure::permanent(format!("the job's result could not be encoded: {error}"));
                 return self
-                    .fail_permanently(failure, |_| Outcome::Error(RunError::Encode(error)))
+                    .fail_permanently(failure, |_| JobOutcome::Error(RunError::Encode(error)))
                     .await;
             }
         };
@@ -244,13 +244,13 @@ impl Claim {
             .settle(Settle::Complete(bytes, inner.retention))
             .await;
         match completed {
-            Ok(()) => (Outcome::Executed(value), Disposition::Ack, "completed"),
+            Ok(()) => (JobOutcome::Executed(value), Disposition::Ack, "completed"),
             Err(StoreError::TooLarge { size, limit }) => {
                 inner.labels.failure("encode");
                 let failure = Failure::permanent(format!(
                     "the job's result of {size} bytes is over the store's limit of {limit} bytes"
                 ));
-                self.fail_permanently(failure, Outcome::Failed).await
+                self.fail_permanently(failure, JobOutcome::Failed).await
             }
             Err(error) => self.settle_error("complete", error),
         }
@@ -262,14 +262,14 @@ impl Claim {
         &self,
         op: &'static str,
         error: StoreError,
-    ) -> (Outcome<T>, Disposition, &'static str) {
+    ) -> (JobOutcome<T>, Disposition, &'static str) {
         let inner = &self.held.inner;
         let delivery = self.held.delivery;
         if error.rejection().is_some() {
             // Counted unless the heartbeat had noticed already.
             self.held.keeper.lose(&error);
             (
-                Outcome::Error(RunError::LeaseLost {
+                JobOutcome::Error(RunError::LeaseLost {
                     fence: self.held.keeper.lease().fence,
                     source: error,
                 }),
@@ -278,7 +278,7 @@ impl Claim {
             )
         } else {
             (
-                Outcome::Error(RunError::Store { op, source: error }),
+                JobOutcome::Error(RunError::Store { op, source: error }),
                 inner
                     .retry
                     .after_failure_waiting(delivery, self.held.keeper.remaining()),

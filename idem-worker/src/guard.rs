@@ -16,11 +16,11 @@ use tokio::time::Instant;
 use tracing::{Instrument, Span, field};
 
 use crate::builder::JobGuardBuilder;
-use crate::claim::Claim;
+use crate::claim::JobClaim;
 use crate::context::JobContext;
 use crate::error::JobError;
 use crate::metrics::{self as m, Labels};
-use crate::outcome::{Outcome, Run, RunError};
+use crate::outcome::{JobOutcome, Run, RunError};
 use crate::retry::{Disposition, RetryPolicy};
 
 pub(crate) struct Inner {
@@ -68,9 +68,9 @@ impl fmt::Debug for JobGuard {
 #[derive(Debug)]
 #[must_use]
 pub enum Admission<T> {
-    /// The key is claimed and its lease kept alive: run the job with [`Claim::run`] (or give
-    /// the key back with [`Claim::release`]). Dropping the claim releases the key.
-    Claimed(Claim),
+    /// The key is claimed and its lease kept alive: run the job with [`JobClaim::run`] (or give
+    /// the key back with [`JobClaim::release`]). Dropping the claim releases the key.
+    Claimed(JobClaim),
     /// Nothing to run: replayed, in flight, mismatch, failed, or a store error.
     Answered(Run<T>),
 }
@@ -188,7 +188,7 @@ impl JobGuard {
         }
         match self.answer(&span, claimed, delivery) {
             Ok(run) => Admission::Answered(run),
-            Err((lease, taken_over)) => Admission::Claimed(Claim::start(
+            Err((lease, taken_over)) => Admission::Claimed(JobClaim::start(
                 self.inner.clone(),
                 lease,
                 delivery,
@@ -243,7 +243,7 @@ impl JobGuard {
         delivery: u32,
     ) -> Result<Run<T>, (Lease, bool)> {
         let inner = &self.inner;
-        let finish = |outcome: Outcome<T>, disposition: Disposition, state: &'static str| {
+        let finish = |outcome: JobOutcome<T>, disposition: Disposition, state: &'static str| {
             span.record("state_before", state);
             span.record("state_after", state);
             Ok(inner.finish(span, outcome, disposition))
@@ -256,7 +256,7 @@ impl JobGuard {
                     Disposition::DeadLetter
                 };
                 finish(
-                    Outcome::Error(RunError::Store {
+                    JobOutcome::Error(RunError::Store {
                         op: "claim",
                         source: error,
                     }),
@@ -272,9 +272,9 @@ impl JobGuard {
                     .map(serde_json::from_slice::<T>)
                     .unwrap_or_else(|| serde_json::from_slice::<T>(b""));
                 match decoded {
-                    Ok(value) => finish(Outcome::Replayed(value), Disposition::Ack, "completed"),
+                    Ok(value) => finish(JobOutcome::Replayed(value), Disposition::Ack, "completed"),
                     Err(error) => finish(
-                        Outcome::Error(RunError::Decode(error)),
+                        JobOutcome::Error(RunError::Decode(error)),
                         Disposition::DeadLetter,
                         "completed",
                     ),
@@ -284,11 +284,15 @@ impl JobGuard {
                 let failure = record
                     .failure
                     .unwrap_or_else(|| Failure::permanent("failed (no message recorded)"));
-                finish(Outcome::Failed(failure), Disposition::DeadLetter, "failed")
+                finish(
+                    JobOutcome::Failed(failure),
+                    Disposition::DeadLetter,
+                    "failed",
+                )
             }
             Ok(ClaimOutcome::Mismatch) => {
                 inner.labels.count(m::MISMATCHES);
-                finish(Outcome::Mismatch, Disposition::DeadLetter, "mismatch")
+                finish(JobOutcome::Mismatch, Disposition::DeadLetter, "mismatch")
             }
             Ok(ClaimOutcome::InFlight { retry_after }) => {
                 inner.labels.count(m::COLLISIONS);
@@ -301,7 +305,7 @@ impl JobGuard {
                     .min(retry_after)
                     .max(Duration::from_millis(1));
                 finish(
-                    Outcome::InFlight { retry_after },
+                    JobOutcome::InFlight { retry_after },
                     Disposition::Retry { after },
                     "in_flight",
                 )
@@ -324,7 +328,12 @@ impl JobGuard {
     }
 
     /// Ends a run: records `outcome` and `disposition` in `span`, the metrics and the log.
-    pub fn report<T>(&self, span: &Span, outcome: Outcome<T>, disposition: Disposition) -> Run<T> {
+    pub fn report<T>(
+        &self,
+        span: &Span,
+        outcome: JobOutcome<T>,
+        disposition: Disposition,
+    ) -> Run<T> {
         self.inner.finish(span, outcome, disposition)
     }
 
@@ -372,18 +381,18 @@ impl Inner {
     pub(crate) fn finish<T>(
         &self,
         span: &Span,
-        outcome: Outcome<T>,
+        outcome: JobOutcome<T>,
         disposition: Disposition,
     ) -> Run<T> {
         span.record("outcome", outcome.kind());
         span.record("disposition", disposition.as_str());
         self.labels.job(outcome.kind(), disposition.as_str());
         match &outcome {
-            Outcome::Error(error) => {
+            JobOutcome::Error(error) => {
                 let error = logged(error, self.redact_keys);
                 tracing::warn!(parent: span, %error, %disposition, "job not settled");
             }
-            Outcome::Failed(failure) => {
+            JobOutcome::Failed(failure) => {
                 tracing::info!(parent: span, failure = %failure.message, %disposition, "job failed");
             }
             _ => tracing::debug!(parent: span, outcome = outcome.kind(), %disposition, "job done"),

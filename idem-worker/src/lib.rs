@@ -19,7 +19,7 @@
 //! use std::sync::Arc;
 //! use idem_core::{Fingerprint, IdempotencyKey};
 //! use idem_store_memory::MemoryStore;
-//! use idem_worker::{Disposition, JobError, JobGuard, Outcome};
+//! use idem_worker::{Disposition, JobError, JobGuard, JobOutcome};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -39,14 +39,14 @@
 //!         Ok::<_, JobError>(receipt)
 //!     })
 //!     .await;
-//! assert!(matches!(run.outcome, Outcome::Executed(_)));
+//! assert!(matches!(run.outcome, JobOutcome::Executed(_)));
 //! assert_eq!(run.disposition, Disposition::Ack);
 //!
 //! // The same message again (a redelivery): the job does not run, the result is replayed.
 //! let again = guard
 //!     .run(&key, fingerprint, |_ctx| async { Err::<String, _>(JobError::permanent("never runs")) })
 //!     .await;
-//! assert!(matches!(again.outcome, Outcome::Replayed(ref receipt) if receipt.starts_with("sent")));
+//! assert!(matches!(again.outcome, JobOutcome::Replayed(ref receipt) if receipt.starts_with("sent")));
 //! assert_eq!(again.disposition, Disposition::Ack);
 //! # Ok(())
 //! # }
@@ -58,13 +58,13 @@
 //! | the store has | outcome | disposition |
 //! |---|---|---|
 //! | nothing (or a lapsed claim) | the job runs: see below | |
-//! | a completed record | [`Outcome::Replayed`] with its result | [`Disposition::Ack`] |
-//! | a live claim | [`Outcome::InFlight`] | [`Disposition::Retry`] with backoff, at most until the holder's lease lapses |
-//! | another fingerprint | [`Outcome::Mismatch`] | [`Disposition::DeadLetter`] |
-//! | a permanent failure | [`Outcome::Failed`] | [`Disposition::DeadLetter`] |
-//! | an error a retry may cure (unreachable, timed out) | [`Outcome::Error`] | retry with backoff, dead-letter once the attempts are spent |
-//! | an error no retry cures (a corrupt record) | [`Outcome::Error`] | [`Disposition::DeadLetter`] |
-//! | a result that does not decode into `T` ([`RunError::Decode`]) | [`Outcome::Error`] | [`Disposition::DeadLetter`]: the job ran before, it does not run again |
+//! | a completed record | [`JobOutcome::Replayed`] with its result | [`Disposition::Ack`] |
+//! | a live claim | [`JobOutcome::InFlight`] | [`Disposition::Retry`] with backoff, at most until the holder's lease lapses |
+//! | another fingerprint | [`JobOutcome::Mismatch`] | [`Disposition::DeadLetter`] |
+//! | a permanent failure | [`JobOutcome::Failed`] | [`Disposition::DeadLetter`] |
+//! | an error a retry may cure (unreachable, timed out) | [`JobOutcome::Error`] | retry with backoff, dead-letter once the attempts are spent |
+//! | an error no retry cures (a corrupt record) | [`JobOutcome::Error`] | [`Disposition::DeadLetter`] |
+//! | a result that does not decode into `T` ([`RunError::Decode`]) | [`JobOutcome::Error`] | [`Disposition::DeadLetter`]: the job ran before, it does not run again |
 //!
 //! A claim whose answer times out may have been granted all the same; the guard sends it once
 //! more with the same owner token, and the store answers that grant (the job runs) or grants
@@ -78,20 +78,20 @@
 //!
 //! | the job returns | the key | outcome | disposition |
 //! |---|---|---|---|
-//! | `Ok(result)` | completed with the result (serde_json) | [`Outcome::Executed`] | ack |
+//! | `Ok(result)` | completed with the result (serde_json) | [`JobOutcome::Executed`] | ack |
 //! | [`JobError::transient`] | released | [`RunError::Transient`] | retry with backoff |
-//! | [`JobError::permanent`] | failed, kept | [`Outcome::Failed`] | dead-letter |
+//! | [`JobError::permanent`] | failed, kept | [`JobOutcome::Failed`] | dead-letter |
 //! | [`JobError::unknown`] | claim kept until the lease ends | [`RunError::UnknownOutcome`] | retry after the lease |
 //! | a panic | released | [`RunError::Panicked`] | retry with backoff |
 //! | `Ok(result)` that does not encode | failed, kept | [`RunError::Encode`] | dead-letter |
-//! | `Ok(result)` over the store's size limit | failed, kept | [`Outcome::Failed`] | dead-letter |
+//! | `Ok(result)` over the store's size limit | failed, kept | [`JobOutcome::Failed`] | dead-letter |
 //!
 //! Retries are bounded by the [`RetryPolicy`]: past its attempts, the disposition is
 //! dead-letter. A dropped run future releases the key from a spawned task and records
 //! nothing.
 //!
 //! A receiver that must answer before the job runs (a webhook receiver) splits the run in two:
-//! [`JobGuard::admit`] claims and starts the heartbeat, [`Claim::run`] runs the job later.
+//! [`JobGuard::admit`] claims and starts the heartbeat, [`JobClaim::run`] runs the job later.
 //!
 //! # Observability
 //! Metrics go through the `metrics` facade with a `job_type` label: see [`metrics`]. Every
@@ -110,11 +110,11 @@ mod retry;
 mod unwind;
 
 pub use builder::{ConfigError, JobGuardBuilder};
-pub use claim::Claim;
+pub use claim::JobClaim;
 pub use context::JobContext;
 pub use error::{ErrorClass, JobError, ResultExt};
 pub use guard::{Admission, JobGuard};
-pub use outcome::{Outcome, Run, RunError};
+pub use outcome::{JobOutcome, Run, RunError};
 pub use retry::{Disposition, RetryPolicy, RetryPolicyError};
 pub use unwind::catch_unwind;
 

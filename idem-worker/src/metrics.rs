@@ -8,7 +8,7 @@
 //!
 //! | name | kind | more labels |
 //! |---|---|---|
-//! | `idem_jobs_total` | counter | `outcome` ([`crate::Outcome::kind`]), `disposition` |
+//! | `idem_jobs_total` | counter | `outcome` ([`crate::JobOutcome::kind`]), `disposition` |
 //! | `idem_job_duration_seconds` | histogram | |
 //! | `idem_claims_acquired_total` | counter | |
 //! | `idem_duplicates_replayed_total` | counter | |

@@ -1,4 +1,4 @@
-//! What a guarded run ends with: the [`Outcome`], and the [`Run`] that pairs it with a
+//! What a guarded run ends with: the [`JobOutcome`], and the [`Run`] that pairs it with a
 //! [`Disposition`].
 
 use std::time::Duration;
@@ -10,7 +10,7 @@ use crate::retry::Disposition;
 /// How a guarded run ended.
 #[derive(Debug)]
 #[non_exhaustive]
-pub enum Outcome<T> {
+pub enum JobOutcome<T> {
     /// This attempt ran the job and recorded its result.
     Executed(T),
     /// An earlier attempt ran the job: here is its recorded result. The job did not run.
@@ -30,18 +30,18 @@ pub enum Outcome<T> {
     Error(RunError),
 }
 
-impl<T> Outcome<T> {
+impl<T> JobOutcome<T> {
     /// `executed`, `replayed`, `in_flight`, `mismatch`, `failed`, or the error's kind: a
     /// stable name for metrics labels and logs.
     #[must_use]
     pub fn kind(&self) -> &'static str {
         match self {
-            Outcome::Executed(_) => "executed",
-            Outcome::Replayed(_) => "replayed",
-            Outcome::InFlight { .. } => "in_flight",
-            Outcome::Mismatch => "mismatch",
-            Outcome::Failed(_) => "failed",
-            Outcome::Error(error) => error.kind(),
+            JobOutcome::Executed(_) => "executed",
+            JobOutcome::Replayed(_) => "replayed",
+            JobOutcome::InFlight { .. } => "in_flight",
+            JobOutcome::Mismatch => "mismatch",
+            JobOutcome::Failed(_) => "failed",
+            JobOutcome::Error(error) => error.kind(),
         }
     }
 
@@ -49,7 +49,7 @@ impl<T> Outcome<T> {
     #[must_use]
     pub fn result(&self) -> Option<&T> {
         match self {
-            Outcome::Executed(value) | Outcome::Replayed(value) => Some(value),
+            JobOutcome::Executed(value) | JobOutcome::Replayed(value) => Some(value),
             _ => None,
         }
     }
@@ -58,7 +58,7 @@ impl<T> Outcome<T> {
     #[must_use]
     pub fn into_result(self) -> Option<T> {
         match self {
-            Outcome::Executed(value) | Outcome::Replayed(value) => Some(value),
+            JobOutcome::Executed(value) | JobOutcome::Replayed(value) => Some(value),
             _ => None,
         }
     }
@@ -131,7 +131,7 @@ impl RunError {
 #[must_use]
 pub struct Run<T> {
     /// What happened.
-    pub outcome: Outcome<T>,
+    pub outcome: JobOutcome<T>,
     /// What the consumer should do with the message.
     pub disposition: Disposition,
 }

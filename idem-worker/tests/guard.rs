@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::{Faults, FaultyStore, key, manual_store, state_of, unscoped};
 use idem_core::{ClaimOutcome, ClaimRequest, Fingerprint, ManualClock, State, Store, StoreError};
 use idem_store_memory::MemoryStore;
-use idem_worker::{Admission, Disposition, JobError, JobGuard, Outcome, RetryPolicy, RunError};
+use idem_worker::{Admission, Disposition, JobError, JobGuard, JobOutcome, RetryPolicy, RunError};
 use tokio::sync::oneshot;
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -59,7 +59,7 @@ async fn executed_then_replayed_both_ack() {
         .run(&key("k"), fp("p"), |_| ok_job(&runs, "done"))
         .await;
     assert!(
-        matches!(first.outcome, Outcome::Executed(ref v) if v == "done"),
+        matches!(first.outcome, JobOutcome::Executed(ref v) if v == "done"),
         "{first:?}"
     );
     assert_eq!(first.disposition, Disposition::Ack);
@@ -68,7 +68,7 @@ async fn executed_then_replayed_both_ack() {
         .run(&key("k"), fp("p"), |_| ok_job(&runs, "again"))
         .await;
     assert!(
-        matches!(second.outcome, Outcome::Replayed(ref v) if v == "done"),
+        matches!(second.outcome, JobOutcome::Replayed(ref v) if v == "done"),
         "{second:?}"
     );
     assert_eq!(second.disposition, Disposition::Ack);
@@ -91,7 +91,7 @@ async fn in_flight_duplicate_is_retried_after_the_lease() {
     let dup = guard
         .run_delivery(&key("k"), fp("p"), 7, |_| ok_job(&runs, "dup"))
         .await;
-    let Outcome::InFlight { retry_after } = dup.outcome else {
+    let JobOutcome::InFlight { retry_after } = dup.outcome else {
         panic!("expected in flight, got {dup:?}");
     };
     assert!(
@@ -113,7 +113,7 @@ async fn in_flight_duplicate_is_retried_after_the_lease() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     let done = claim.run(|_| ok_job(&runs, "first")).await;
-    assert!(matches!(done.outcome, Outcome::Executed(_)));
+    assert!(matches!(done.outcome, JobOutcome::Executed(_)));
 }
 
 #[tokio::test]
@@ -122,7 +122,7 @@ async fn another_payload_is_a_mismatch_and_dead_lettered() {
     let runs = AtomicU32::new(0);
     let _ = guard.run(&key("k"), fp("a"), |_| ok_job(&runs, "a")).await;
     let other = guard.run(&key("k"), fp("b"), |_| ok_job(&runs, "b")).await;
-    assert!(matches!(other.outcome, Outcome::Mismatch), "{other:?}");
+    assert!(matches!(other.outcome, JobOutcome::Mismatch), "{other:?}");
     assert_eq!(other.disposition, Disposition::DeadLetter);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
@@ -137,7 +137,7 @@ async fn a_permanent_failure_is_recorded_and_dead_lettered() {
         })
         .await;
     assert!(
-        matches!(run.outcome, Outcome::Failed(ref f) if f.message == "card declined" && !f.retryable),
+        matches!(run.outcome, JobOutcome::Failed(ref f) if f.message == "card declined" && !f.retryable),
         "{run:?}"
     );
     assert_eq!(run.disposition, Disposition::DeadLetter);
@@ -147,7 +147,7 @@ async fn a_permanent_failure_is_recorded_and_dead_lettered() {
     // A redelivery gets the recorded failure without running: no blind retries.
     let runs = AtomicU32::new(0);
     let again = guard.run(&key("k"), fp("p"), |_| ok_job(&runs, "x")).await;
-    assert!(matches!(again.outcome, Outcome::Failed(ref f) if f.message == "card declined"));
+    assert!(matches!(again.outcome, JobOutcome::Failed(ref f) if f.message == "card declined"));
     assert_eq!(again.disposition, Disposition::DeadLetter);
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
@@ -159,7 +159,7 @@ async fn a_transient_failure_releases_and_backs_off_until_the_attempts_are_spent
     let transient = |_| async { Err::<String, _>(JobError::transient("connection refused")) };
     let run = guard.run_delivery(&key("k"), fp("p"), 1, transient).await;
     assert!(
-        matches!(run.outcome, Outcome::Error(RunError::Transient(_))),
+        matches!(run.outcome, JobOutcome::Error(RunError::Transient(_))),
         "{run:?}"
     );
     assert!(
@@ -184,7 +184,7 @@ async fn a_transient_failure_releases_and_backs_off_until_the_attempts_are_spent
     // The key is free: a later delivery runs.
     let runs = AtomicU32::new(0);
     let run = guard.run(&key("k"), fp("p"), |_| ok_job(&runs, "ok")).await;
-    assert!(matches!(run.outcome, Outcome::Executed(_)));
+    assert!(matches!(run.outcome, JobOutcome::Executed(_)));
 }
 
 #[tokio::test(start_paused = true)]
@@ -197,7 +197,7 @@ async fn an_unknown_outcome_keeps_the_claim_until_the_lease_ends() {
         })
         .await;
     assert!(
-        matches!(run.outcome, Outcome::Error(RunError::UnknownOutcome(_))),
+        matches!(run.outcome, JobOutcome::Error(RunError::UnknownOutcome(_))),
         "{run:?}"
     );
     assert!(
@@ -211,7 +211,7 @@ async fn an_unknown_outcome_keeps_the_claim_until_the_lease_ends() {
     let runs = AtomicU32::new(0);
     let early = guard.run(&key("k"), fp("p"), |_| ok_job(&runs, "x")).await;
     assert!(
-        matches!(early.outcome, Outcome::InFlight { .. }),
+        matches!(early.outcome, JobOutcome::InFlight { .. }),
         "{early:?}"
     );
 
@@ -223,7 +223,10 @@ async fn an_unknown_outcome_keeps_the_claim_until_the_lease_ends() {
             Ok::<_, JobError>("checked downstream".to_owned())
         })
         .await;
-    assert!(matches!(later.outcome, Outcome::Executed(_)), "{later:?}");
+    assert!(
+        matches!(later.outcome, JobOutcome::Executed(_)),
+        "{later:?}"
+    );
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
 
@@ -240,7 +243,7 @@ async fn a_panic_releases_the_key_and_records_nothing() {
         })
         .await;
     assert!(
-        matches!(run.outcome, Outcome::Error(RunError::Panicked(ref m)) if m == "boom"),
+        matches!(run.outcome, JobOutcome::Error(RunError::Panicked(ref m)) if m == "boom"),
         "{run:?}"
     );
     assert!(matches!(run.disposition, Disposition::Retry { .. }));
@@ -254,7 +257,7 @@ async fn a_panic_releases_the_key_and_records_nothing() {
             |_| -> std::future::Ready<Result<String, JobError>> { panic!("early") },
         )
         .await;
-    assert!(matches!(run.outcome, Outcome::Error(RunError::Panicked(ref m)) if m == "early"));
+    assert!(matches!(run.outcome, JobOutcome::Error(RunError::Panicked(ref m)) if m == "early"));
     assert_eq!(store.get(&unscoped("k2")).await.unwrap(), None);
 }
 
@@ -355,7 +358,7 @@ async fn a_lost_lease_cancels_the_job_and_its_stale_result_is_refused() {
 
     // The next heartbeat is refused: the job is cancelled, its result refused and reported.
     let run = task.await.unwrap();
-    let Outcome::Error(RunError::LeaseLost { fence, source }) = &run.outcome else {
+    let JobOutcome::Error(RunError::LeaseLost { fence, source }) = &run.outcome else {
         panic!("expected a lost lease, got {run:?}");
     };
     assert_eq!(*fence, old_fence);
@@ -373,7 +376,7 @@ async fn a_lost_lease_cancels_the_job_and_its_stale_result_is_refused() {
     let runs = AtomicU32::new(0);
     let replay = guard.run(&key("k"), fp("p"), |_| ok_job(&runs, "x")).await;
     assert!(
-        matches!(replay.outcome, Outcome::Replayed(ref v) if v == "fresh"),
+        matches!(replay.outcome, JobOutcome::Replayed(ref v) if v == "fresh"),
         "{replay:?}"
     );
 }
@@ -400,7 +403,7 @@ async fn a_complete_refused_without_a_heartbeat_is_reported_as_a_lost_lease() {
         })
         .await;
     assert!(
-        matches!(run.outcome, Outcome::Error(RunError::LeaseLost { .. })),
+        matches!(run.outcome, JobOutcome::Error(RunError::LeaseLost { .. })),
         "{run:?}"
     );
     assert_eq!(
@@ -435,7 +438,7 @@ async fn the_heartbeat_keeps_a_job_of_three_leases_alive() {
             }
         })
         .await;
-    assert!(matches!(run.outcome, Outcome::Executed(_)), "{run:?}");
+    assert!(matches!(run.outcome, JobOutcome::Executed(_)), "{run:?}");
     let beats = faults.heartbeats.load(Ordering::SeqCst);
     assert!(beats >= 8, "{beats} heartbeats over three leases");
 }
@@ -452,7 +455,7 @@ async fn a_heartbeat_failing_for_a_whole_lease_cancels_the_job() {
         })
         .await;
     assert!(
-        matches!(run.outcome, Outcome::Error(RunError::Transient(_))),
+        matches!(run.outcome, JobOutcome::Error(RunError::Transient(_))),
         "{run:?}"
     );
     assert!(faults.heartbeats.load(Ordering::SeqCst) >= 3);
@@ -463,7 +466,7 @@ fn assert_claim_failed_and_retried<T: std::fmt::Debug>(run: &idem_worker::Run<T>
     assert!(
         matches!(
             run.outcome,
-            Outcome::Error(RunError::Store { op: "claim", .. })
+            JobOutcome::Error(RunError::Store { op: "claim", .. })
         ),
         "{run:?}"
     );
@@ -496,7 +499,7 @@ async fn a_claim_whose_answer_was_lost_is_sent_again_and_runs() {
     let runs = AtomicU32::new(0);
     faults.claim_lost_replies.store(1, Ordering::SeqCst);
     let run = guard.run(&key("k"), fp("p"), |_| ok_job(&runs, "x")).await;
-    assert!(matches!(run.outcome, Outcome::Executed(_)), "{run:?}");
+    assert!(matches!(run.outcome, JobOutcome::Executed(_)), "{run:?}");
     assert_eq!(run.disposition, Disposition::Ack);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert_eq!(state_of(&store, "k").await, Some(State::Completed));
@@ -517,7 +520,7 @@ async fn a_result_the_store_cannot_take_keeps_the_claim_until_the_lease_ends() {
     assert!(
         matches!(
             run.outcome,
-            Outcome::Error(RunError::Store { op: "complete", .. })
+            JobOutcome::Error(RunError::Store { op: "complete", .. })
         ),
         "{run:?}"
     );
@@ -542,7 +545,7 @@ async fn a_recorded_result_of_another_type_is_dead_lettered() {
         .run(&key("k"), fp("p"), |_| async { Ok::<_, JobError>(1u32) })
         .await;
     assert!(
-        matches!(run.outcome, Outcome::Error(RunError::Decode(_))),
+        matches!(run.outcome, JobOutcome::Error(RunError::Decode(_))),
         "{run:?}"
     );
     assert_eq!(run.disposition, Disposition::DeadLetter);
@@ -568,7 +571,10 @@ async fn a_result_that_cannot_be_encoded_is_recorded_as_a_permanent_failure() {
             Ok::<_, JobError>(Unencodable)
         })
         .await;
-    assert!(matches!(run.outcome, Outcome::Error(RunError::Encode(_))));
+    assert!(matches!(
+        run.outcome,
+        JobOutcome::Error(RunError::Encode(_))
+    ));
     assert_eq!(run.disposition, Disposition::DeadLetter);
     assert_eq!(state_of(&store, "k").await, Some(State::Failed));
 }
@@ -589,13 +595,13 @@ async fn a_result_over_the_stores_limit_is_recorded_as_a_permanent_failure() {
     let big = "x".repeat(10_000);
     let run = guard.run(&key("k"), fp("p"), |_| ok_job(&runs, &big)).await;
     assert!(
-        matches!(run.outcome, Outcome::Failed(ref failure) if failure.message.contains("over the store's limit")),
+        matches!(run.outcome, JobOutcome::Failed(ref failure) if failure.message.contains("over the store's limit")),
         "{run:?}"
     );
     assert_eq!(run.disposition, Disposition::DeadLetter);
     assert_eq!(state_of(&store, "k").await, Some(State::Failed));
     let again = guard.run(&key("k"), fp("p"), |_| ok_job(&runs, &big)).await;
-    assert!(matches!(again.outcome, Outcome::Failed(_)), "{again:?}");
+    assert!(matches!(again.outcome, JobOutcome::Failed(_)), "{again:?}");
     assert_eq!(again.disposition, Disposition::DeadLetter);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
@@ -612,7 +618,7 @@ async fn the_context_carries_key_fence_and_delivery() {
             Ok::<_, JobError>(ctx.fence().get())
         })
         .await;
-    assert!(matches!(run.outcome, Outcome::Executed(fence) if fence > 0));
+    assert!(matches!(run.outcome, JobOutcome::Executed(fence) if fence > 0));
 }
 
 #[test]
@@ -670,7 +676,7 @@ async fn a_claim_whose_lease_was_lost_while_it_waited_does_not_run_the_job() {
         0,
         "a lost claim must not run its job: the new holder runs it"
     );
-    let Outcome::Error(RunError::LeaseLost { fence, source }) = &run.outcome else {
+    let JobOutcome::Error(RunError::LeaseLost { fence, source }) = &run.outcome else {
         panic!("expected a lost lease, got {run:?}");
     };
     assert_eq!(*fence, old_fence);
@@ -694,14 +700,14 @@ async fn a_lease_too_long_for_the_clock_never_panics() {
         .unwrap();
     let runs = AtomicU32::new(0);
     let run = guard.run(&key("k"), fp("p"), |_| ok_job(&runs, "v")).await;
-    assert!(matches!(run.outcome, Outcome::Executed(_)), "{run:?}");
+    assert!(matches!(run.outcome, JobOutcome::Executed(_)), "{run:?}");
     let run = guard
         .run(&key("u"), fp("p"), |_| async {
             Err::<String, _>(JobError::unknown("timed out"))
         })
         .await;
     assert!(
-        matches!(run.outcome, Outcome::Error(RunError::UnknownOutcome(_))),
+        matches!(run.outcome, JobOutcome::Error(RunError::UnknownOutcome(_))),
         "{run:?}"
     );
 }

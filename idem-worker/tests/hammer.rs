@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use idem_core::{Fingerprint, IdempotencyKey};
 use idem_store_memory::MemoryStore;
-use idem_worker::{Disposition, JobError, JobGuard, Outcome};
+use idem_worker::{Disposition, JobError, JobGuard, JobOutcome};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
@@ -49,9 +49,9 @@ async fn many_tasks_on_the_same_keys_execute_each_key_once() {
                         })
                         .await;
                     match (&run.outcome, run.disposition) {
-                        (Outcome::Executed(v) | Outcome::Replayed(v), Disposition::Ack) => {
+                        (JobOutcome::Executed(v) | JobOutcome::Replayed(v), Disposition::Ack) => {
                             assert_eq!(*v, index);
-                            if matches!(run.outcome, Outcome::Replayed(_)) {
+                            if matches!(run.outcome, JobOutcome::Replayed(_)) {
                                 replays.fetch_add(1, Ordering::Relaxed);
                             }
                             break;

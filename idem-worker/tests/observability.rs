@@ -91,7 +91,7 @@ async fn a_store_error_logged_with_keys_redacted_does_not_show_the_key() {
         })
         .await;
     assert!(
-        matches!(run.outcome, idem_worker::Outcome::Error(_)),
+        matches!(run.outcome, idem_worker::JobOutcome::Error(_)),
         "{run:?}"
     );
     let text = logs.text();

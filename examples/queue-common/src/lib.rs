@@ -19,7 +19,7 @@ use futures_util::{Stream, StreamExt};
 use idem_core::{Bytes, Fingerprint, IdempotencyKey, Store};
 use idem_store_memory::MemoryStore;
 use idem_store_redb::RedbStore;
-use idem_worker::{Disposition, JobError, JobGuard, Outcome, ResultExt};
+use idem_worker::{Disposition, JobError, JobGuard, JobOutcome, ResultExt};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -151,11 +151,11 @@ pub struct Tally {
 
 impl Tally {
     /// Counts one message and what the guard made of it.
-    pub fn count<T>(&self, outcome: &Outcome<T>) {
+    pub fn count<T>(&self, outcome: &JobOutcome<T>) {
         self.processed.fetch_add(1, Ordering::Relaxed);
         let counter = match outcome {
-            Outcome::Executed(_) => &self.shipped,
-            Outcome::Replayed(_) => &self.duplicates,
+            JobOutcome::Executed(_) => &self.shipped,
+            JobOutcome::Replayed(_) => &self.duplicates,
             _ => return,
         };
         counter.fetch_add(1, Ordering::Relaxed);
@@ -222,7 +222,7 @@ pub fn ship_orders(
                     Ok::<_, JobError>(order)
                 })
                 .await;
-            if let Outcome::Replayed(_) = run.outcome {
+            if let JobOutcome::Replayed(_) = run.outcome {
                 println!(
                     "duplicate {}: shipped before, answered from the store",
                     job.key

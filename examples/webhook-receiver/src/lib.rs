@@ -63,7 +63,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use idem_core::{Fingerprint, IdempotencyKey};
 use idem_worker::{
-    Admission, Claim, Disposition, JobContext, JobError, JobGuard, Outcome, Run, RunError,
+    Admission, Disposition, JobClaim, JobContext, JobError, JobGuard, JobOutcome, Run, RunError,
 };
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, mpsc};
@@ -124,7 +124,7 @@ impl Default for Config {
 }
 
 struct Job {
-    claim: Claim,
+    claim: JobClaim,
     event: Event,
     fingerprint: Fingerprint,
 }
@@ -211,12 +211,12 @@ async fn receive(
 /// The answer to a duplicate (or a store error).
 fn answer(run: Run<Value>, config: &Config) -> Response {
     match run.outcome {
-        Outcome::Replayed(result) => replayed(StatusCode::OK, &result),
-        Outcome::Failed(failure) => replayed(
+        JobOutcome::Replayed(result) => replayed(StatusCode::OK, &result),
+        JobOutcome::Failed(failure) => replayed(
             StatusCode::OK,
             &json!({"status": "failed", "error": failure.message}),
         ),
-        Outcome::InFlight { retry_after } => {
+        JobOutcome::InFlight { retry_after } => {
             let mut response = problem(
                 StatusCode::CONFLICT,
                 "this event is still being processed; retry later",
@@ -224,11 +224,11 @@ fn answer(run: Run<Value>, config: &Config) -> Response {
             set_retry_after(&mut response, retry_after);
             response
         }
-        Outcome::Mismatch => problem(
+        JobOutcome::Mismatch => problem(
             StatusCode::UNPROCESSABLE_ENTITY,
             "this event id was already received with another body",
         ),
-        Outcome::Error(RunError::Store { .. }) => {
+        JobOutcome::Error(RunError::Store { .. }) => {
             let mut response = problem(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the idempotency store is unavailable",

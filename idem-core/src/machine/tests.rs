@@ -107,7 +107,7 @@ fn stale_holder_is_refused_after_takeover() {
     .unwrap_err();
     assert!(matches!(
         err.rejection(),
-        Some(Rejection::Superseded { .. })
+        Some(TransitionRejection::Superseded { .. })
     ));
     assert!(heartbeat(Some(&record), &stale, LEASE, at(41), LeasePolicy::Lenient).is_err());
     assert!(
@@ -146,7 +146,7 @@ fn strict_policy_refuses_a_lapsed_lease() {
     );
     assert_eq!(
         strict.unwrap_err().rejection(),
-        Some(Rejection::LeaseExpired)
+        Some(TransitionRejection::LeaseExpired)
     );
 }
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{Bytes, ClaimOutcome, Failure, RecordKey, Rejection, State, Store};
+use idem_core::{Bytes, ClaimOutcome, Failure, RecordKey, State, Store, TransitionRejection};
 
 use crate::Harness;
 
@@ -71,7 +71,7 @@ pub async fn lapsed_holder_not_taken_over_may_still_complete(h: &impl Harness) {
 /// For a store built with the strict lease policy (`LeasePolicy::Strict`), not part of
 /// [`crate::store_conformance!`]: call it from the store's own tests with a strict harness.
 ///
-/// A holder whose lease lapsed is refused with `Rejection::LeaseExpired` (heartbeat, complete,
+/// A holder whose lease lapsed is refused with `TransitionRejection::LeaseExpired` (heartbeat, complete,
 /// permanent and retryable fail), even though nobody took the key over, and the record stays
 /// as it was; the holder may still release it, and a new claim takes it over. A holder inside
 /// its lease completes as usual, and re-sending that complete after its lease would have
@@ -82,8 +82,8 @@ pub async fn strict_lease_refuses_a_lapsed_holder(h: &impl Harness) {
     let lease = acquire(&*store, &request(&k, "a")).await;
     h.advance(LEASE + Duration::from_secs(1)).await;
     let before = record(&*store, &k).await;
-    let lapsed = |what: &str, r: Rejection| {
-        assert_eq!(r, Rejection::LeaseExpired, "{what}");
+    let lapsed = |what: &str, r: TransitionRejection| {
+        assert_eq!(r, TransitionRejection::LeaseExpired, "{what}");
     };
     lapsed(
         "heartbeat",
@@ -169,7 +169,7 @@ pub async fn stale_owner_is_rejected_after_takeover(h: &impl Harness) {
 
     let r = expect_rejected(store.heartbeat(&stale, LEASE).await, "stale heartbeat");
     assert!(
-        matches!(r, Rejection::Superseded { current } if current == fresh.fence),
+        matches!(r, TransitionRejection::Superseded { current } if current == fresh.fence),
         "{r:?}"
     );
     expect_rejected(
@@ -310,7 +310,7 @@ pub async fn heartbeat_extends_the_lease(h: &impl Harness) {
     );
     assert_eq!(
         r,
-        Rejection::AlreadySettled {
+        TransitionRejection::AlreadySettled {
             state: State::Completed
         }
     );

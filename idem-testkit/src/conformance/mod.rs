@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use idem_core::{
     Bytes, ClaimOutcome, ClaimRequest, Failure, Fingerprint, IdempotencyKey, Lease, Record,
-    RecordKey, Rejection, Store, StoreError,
+    RecordKey, Store, StoreError, TransitionRejection,
 };
 
 use crate::Harness;
@@ -54,7 +54,10 @@ pub async fn acquire(store: &dyn Store, request: &ClaimRequest) -> Lease {
     }
 }
 
-fn expect_rejected<T: std::fmt::Debug>(result: Result<T, StoreError>, what: &str) -> Rejection {
+fn expect_rejected<T: std::fmt::Debug>(
+    result: Result<T, StoreError>,
+    what: &str,
+) -> TransitionRejection {
     match result {
         Err(StoreError::Rejected(rejection)) => rejection,
         other => panic!("{what}: expected a rejection, got {other:?}"),

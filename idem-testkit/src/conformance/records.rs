@@ -24,7 +24,7 @@ fn written(step: Write, fence: Fence, what: &str) -> Record {
 /// The in-flight record the machine makes for a grant of `lease` at the store time it started
 /// (`lease.until` less the lease), over `existing` (a lapsed record it takes over, or none).
 fn granted(existing: Option<&Record>, req: &ClaimRequest, lease: &Lease) -> Record {
-    let now = Timestamp::from_micros(lease.until.as_micros() - idem_core::duration_micros(LEASE));
+    let now = lease.until.saturating_sub(LEASE);
     let step = machine::claim(existing, req, now, Fence::MIN, lease.owner).expect("claim");
     written(step.write, lease.fence, "claim")
 }

@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use idem_core::{Bytes, ClaimOutcome, Rejection};
+use idem_core::{Bytes, ClaimOutcome, TransitionRejection};
 
 use crate::Harness;
 
@@ -130,7 +130,7 @@ pub async fn skewed_clocks_never_grant_a_live_lease_twice(h: &impl Harness) {
     let stale = store.complete(&first, Bytes::new(), RETENTION).await;
     let rejection = expect_rejected(stale, "the superseded holder completes");
     assert!(
-        matches!(rejection, Rejection::Superseded { .. }),
+        matches!(rejection, TransitionRejection::Superseded { .. }),
         "{rejection:?}"
     );
     // ...and the handle an hour behind sees that grant live.
