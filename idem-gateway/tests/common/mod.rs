@@ -33,6 +33,17 @@ pub mod raw_http;
 pub mod shared_store;
 pub mod webdriver;
 
+/// Percent-encodes `text` for a URL path segment or a query value of the key API: everything
+/// but the unreserved characters of RFC 3986 (`A-Z a-z 0-9 - . _ ~`) is escaped.
+pub fn encode(text: &str) -> String {
+    const COMPONENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    percent_encoding::utf8_percent_encode(text, COMPONENT).to_string()
+}
+
 /// The idem-fixture binary of this test's target directory. `cargo test --workspace` has built
 /// it; when it is missing (`cargo test -p idem-gateway` on a fresh target directory), it is
 /// built here once. An existing binary is used as it is: rebuilding it here with another
