@@ -9,12 +9,12 @@
 //! throttle on wrong tokens, see [`Throttle`]), then one handler per resource answers; a
 //! method a resource does not take is 405 with its `Allow` header.
 
-pub mod access;
-pub mod api;
-pub mod client;
-pub mod monitor;
-pub mod session;
-pub mod ui;
+pub(crate) mod access;
+pub(crate) mod api;
+pub(crate) mod client;
+pub(crate) mod monitor;
+pub(crate) mod session;
+pub(crate) mod ui;
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -47,7 +47,7 @@ const MAX_FORM: usize = 16 * 1024;
 
 /// What the admin listener serves.
 #[derive(Clone)]
-pub struct Admin {
+pub(crate) struct Admin {
     store: Arc<dyn Store>,
     token: Option<Arc<str>>,
     metrics: Option<RenderMetrics>,
@@ -181,7 +181,7 @@ struct Visitor {
 impl Admin {
     /// The admin endpoints over `store`; `metrics` renders `/metrics` (404 without it).
     #[must_use]
-    pub fn new(
+    pub(crate) fn new(
         store: Arc<dyn Store>,
         token: Option<String>,
         metrics: Option<RenderMetrics>,
@@ -200,7 +200,7 @@ impl Admin {
     /// The same admin, its in-flight gauges reporting the claims of `index` (the index the
     /// gateway's store keeps: [`crate::in_flight::Watched`]). Without it they are not set.
     #[must_use]
-    pub fn with_in_flight(mut self, index: Arc<crate::in_flight::InFlightIndex>) -> Self {
+    pub(crate) fn with_in_flight(mut self, index: Arc<crate::in_flight::InFlightIndex>) -> Self {
         self.monitor = Arc::new(Monitor::watching(index));
         self
     }
@@ -208,7 +208,7 @@ impl Admin {
     /// Says that the gateway is shutting down (it no longer accepts and finishes its in-flight
     /// requests): from now on `/readyz` answers 503 `draining`, on this admin and its clones,
     /// so a load balancer that still asks stops sending. `/healthz` stays 200 until the end.
-    pub fn start_draining(&self) {
+    pub(crate) fn start_draining(&self) {
         self.draining.store(true, Ordering::Release);
     }
 
@@ -293,7 +293,7 @@ impl Admin {
     }
 
     /// Serves the admin endpoints on `listener` until `shutdown` resolves.
-    pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+    pub(crate) async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()>) {
         // Samples the counters for the rates of `/ui`.
         let sampler = self.metrics.as_ref().map(|_| {
             let monitor = self.monitor.clone();

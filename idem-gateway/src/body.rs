@@ -14,18 +14,18 @@ use idem_core::BoxError;
 use idem_http::fields::strip_trailer_fields;
 
 /// The body of every response the gateway sends.
-pub type GatewayBody = UnsyncBoxBody<Bytes, BoxError>;
+pub(crate) type GatewayBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// A response body from bytes.
 #[must_use]
-pub fn full(bytes: impl Into<Bytes>) -> GatewayBody {
+pub(crate) fn full(bytes: impl Into<Bytes>) -> GatewayBody {
     Full::new(bytes.into())
         .map_err(|never| match never {})
         .boxed_unsync()
 }
 
 /// Boxes any body into a [`GatewayBody`].
-pub fn boxed<B>(body: B) -> GatewayBody
+pub(crate) fn boxed<B>(body: B) -> GatewayBody
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -35,19 +35,19 @@ where
 
 /// A client's request body: streamed, or the bytes the idempotency layer read to fingerprint
 /// it (idem-http's [`idem_http::RequestBody`] over hyper's `Incoming`).
-pub type RequestBody = idem_http::RequestBody<Incoming>;
+pub(crate) type RequestBody = idem_http::RequestBody<Incoming>;
 
 /// A body that holds a guard until it ends or is dropped (the in-flight count of graceful
 /// shutdown covers the upstream's whole response).
 #[derive(Debug)]
-pub struct Guarded<B, G> {
+pub(crate) struct Guarded<B, G> {
     body: B,
     guard: Option<G>,
 }
 
 impl<B, G> Guarded<B, G> {
     /// `body`, holding `guard`.
-    pub fn new(body: B, guard: G) -> Self {
+    pub(crate) fn new(body: B, guard: G) -> Self {
         Guarded {
             body,
             guard: Some(guard),
@@ -86,33 +86,20 @@ impl<B: Body + Unpin, G: Unpin> Body for Guarded<B, G> {
 /// an HTTP/2 peer resets a stream whose trailers hold a connection field, and an HTTP/1.1
 /// peer could take one for its own.
 #[derive(Debug)]
-pub struct SettledTrailers<B> {
+pub(crate) struct SettledTrailers<B> {
     body: B,
     announced: Option<Vec<HeaderName>>,
 }
 
 impl<B> SettledTrailers<B> {
-    /// `body`, its trailers stripped of connection and framing fields.
-    pub fn new(body: B) -> Self {
-        SettledTrailers {
-            body,
-            announced: None,
-        }
-    }
-
     /// `body`, its trailers stripped, and only the fields in `announced` kept: an HTTP/1.1
     /// server sends only the trailers its `Trailer` header announces, so an HTTP/2 client, an
     /// HTTP/1.1 client and a replay all get the same ones.
-    pub fn announced(body: B, announced: Vec<HeaderName>) -> Self {
+    pub(crate) fn announced(body: B, announced: Vec<HeaderName>) -> Self {
         SettledTrailers {
             body,
             announced: Some(announced),
         }
-    }
-
-    /// The body inside.
-    pub fn get_mut(&mut self) -> &mut B {
-        &mut self.body
     }
 }
 

@@ -14,7 +14,7 @@ use crate::store::Backends;
 /// stored response. Settings come from the config file, then the environment, then the flags.
 #[derive(Debug, Parser)]
 #[command(name = "idem", version, propagate_version = true)]
-pub struct Cli {
+pub(crate) struct Cli {
     /// The configuration file (TOML; see idem.example.toml).
     #[arg(
         long,
@@ -36,7 +36,7 @@ pub struct Cli {
 
 /// The flags that win over the configuration file. Values are checked with the file's parsers.
 #[derive(Clone, Debug, Default, Args)]
-pub struct OverrideArgs {
+pub(crate) struct OverrideArgs {
     /// The public address, e.g. 127.0.0.1:8080.
     #[arg(long, env = "IDEM_LISTEN", global = true, value_name = "ADDR")]
     pub listen: Option<String>,
@@ -78,7 +78,7 @@ pub struct OverrideArgs {
 impl OverrideArgs {
     /// The overrides, to apply to the file.
     #[must_use]
-    pub fn to_overrides(&self) -> Overrides {
+    pub(crate) fn to_overrides(&self) -> Overrides {
         Overrides {
             listen: self.listen.clone(),
             upstream: self.upstream.clone(),
@@ -94,7 +94,7 @@ impl OverrideArgs {
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Run the gateway: proxy to the upstream with idempotency on the configured routes.
     Serve,
     /// Validate a configuration file; exit 2 with one line naming the problem.
@@ -132,7 +132,7 @@ pub enum Command {
 
 /// `idem keys ...`.
 #[derive(Debug, Subcommand)]
-pub enum KeysCommand {
+pub(crate) enum KeysCommand {
     /// Show one record: its state, owner, fence, attempt, times, stored status and failure,
     /// one `field: value` line each (the names of --json).
     Get {
@@ -177,7 +177,7 @@ pub enum KeysCommand {
 
 /// `idem store ...`.
 #[derive(Debug, Subcommand)]
-pub enum StoreCommand {
+pub(crate) enum StoreCommand {
     /// Create or upgrade the store's schema: PostgreSQL applies its migrations; redb creates
     /// the file with its tables, or checks an existing one.
     Migrate {

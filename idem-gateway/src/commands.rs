@@ -66,6 +66,8 @@ impl fmt::Display for Failure {
     }
 }
 
+impl std::error::Error for Failure {}
+
 impl From<ConfigError> for Failure {
     fn from(err: ConfigError) -> Self {
         Failure::Config(err)
@@ -79,7 +81,10 @@ impl From<ConfigError> for Failure {
 ///
 /// # Errors
 /// [`Failure`], with the exit code to end with.
-pub fn run(cli: Cli, install_metrics: &dyn Fn() -> Option<RenderMetrics>) -> Result<(), Failure> {
+pub(crate) fn run(
+    cli: Cli,
+    install_metrics: &dyn Fn() -> Option<RenderMetrics>,
+) -> Result<(), Failure> {
     let metrics_for = |config: &Config| config.admin.as_ref().and_then(|_| install_metrics());
     let overrides = cli.overrides.to_overrides();
     match cli.command {
@@ -113,6 +118,19 @@ pub fn run(cli: Cli, install_metrics: &dyn Fn() -> Option<RenderMetrics>) -> Res
             runtime()?.block_on(store_command(&config, command))
         }
     }
+}
+
+/// Runs the `idem` command line of this process's arguments: parses them and runs the
+/// subcommand (clap prints the help, the version or a usage error itself, and exits).
+/// `install_metrics` installs a recorder and returns what renders it for `/metrics`; it is
+/// called only by the commands that serve, and only when the admin listener runs.
+///
+/// # Errors
+/// [`Failure`], with the exit code to end with.
+pub fn run_command_line(
+    install_metrics: &dyn Fn() -> Option<RenderMetrics>,
+) -> Result<(), Failure> {
+    run(<Cli as clap::Parser>::parse(), install_metrics)
 }
 
 /// The multi-threaded runtime every networked command runs on.
@@ -550,7 +568,7 @@ fn check_config(config: Result<Config, ConfigError>, json: bool) -> Result<(), F
 
 /// The resolved configuration as JSON (the admin token is never shown).
 #[must_use]
-pub fn summary(config: &Config) -> Value {
+pub(crate) fn summary(config: &Config) -> Value {
     let routes: Vec<Value> = config
         .routes
         .iter()
@@ -616,7 +634,7 @@ fn warn(line: &str) {
 }
 
 /// Writes a line to stdout; a closed stdout (`idem ... | head`) is not an error worth a panic.
-pub fn say(line: &str) {
+pub(crate) fn say(line: &str) {
     use std::io::Write as _;
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");

@@ -31,7 +31,7 @@ use crate::config::{self, Config, ConfigError, Overrides, StoreSpec};
 /// The built-in upstream: `POST /payments[?delay=2s]` charges (counts an execution, answers
 /// 201 with a payment id) after an optional delay; `GET /executions` tells how many ran.
 #[derive(Clone, Debug, Default)]
-pub struct DemoUpstream {
+pub(crate) struct DemoUpstream {
     executions: Arc<AtomicU64>,
 }
 
@@ -48,12 +48,12 @@ fn json_response(status: StatusCode, body: serde_json::Value) -> Response<Gatewa
 impl DemoUpstream {
     /// How many payments ran.
     #[must_use]
-    pub fn executions(&self) -> u64 {
+    pub(crate) fn executions(&self) -> u64 {
         self.executions.load(Ordering::SeqCst)
     }
 
     /// Answers one request.
-    pub async fn handle(&self, request: Request<Incoming>) -> Response<GatewayBody> {
+    pub(crate) async fn handle(&self, request: Request<Incoming>) -> Response<GatewayBody> {
         match (request.method(), request.uri().path()) {
             (&Method::POST, "/payments") => {
                 let delay = request
@@ -98,7 +98,7 @@ impl DemoUpstream {
     }
 
     /// Serves on `listener` for as long as the task runs.
-    pub async fn serve(self, listener: TcpListener) {
+    pub(crate) async fn serve(self, listener: TcpListener) {
         let builder = auto::Builder::new(TokioExecutor::new());
         loop {
             let Ok((stream, _)) = listener.accept().await else {
@@ -126,7 +126,7 @@ impl DemoUpstream {
 ///
 /// # Errors
 /// [`ConfigError`] naming the flag and its variable.
-pub fn check_flags(config: Option<&Path>, overrides: &Overrides) -> Result<(), ConfigError> {
+pub(crate) fn check_flags(config: Option<&Path>, overrides: &Overrides) -> Result<(), ConfigError> {
     let refuse = |flag: &str, variable: &str| {
         Err(ConfigError::new(
             Some(format!("{flag} (or {variable})")),
@@ -190,7 +190,7 @@ fn shell_word(text: &str) -> String {
 /// The curl lines the demo prints; the admin listener's carry its `token`, when one is set, so
 /// that they work as printed.
 #[must_use]
-pub fn instructions(
+pub(crate) fn instructions(
     gateway: SocketAddr,
     upstream: SocketAddr,
     admin: Option<SocketAddr>,
@@ -246,7 +246,10 @@ pub fn instructions(
 ///
 /// # Errors
 /// [`Failure`]: a bad override, or a port that cannot be bound.
-pub async fn run(overrides: &Overrides, metrics: Option<RenderMetrics>) -> Result<(), Failure> {
+pub(crate) async fn run(
+    overrides: &Overrides,
+    metrics: Option<RenderMetrics>,
+) -> Result<(), Failure> {
     let upstream_listener =
         bind(config::internal::loopback_any_port(), "the demo upstream").await?;
     let upstream_addr = upstream_listener

@@ -14,28 +14,15 @@
 //! upstream, so they are set once for it, and removed on every route (`enabled = false` too).
 //! `fence_headers = false` stops adding them; the client's copies are still removed, so an
 //! upstream that still reads them never takes a client's value.
-//!
-//! ```
-//! use http::Request;
-//! use idem_gateway::fence::FenceHeaders;
-//!
-//! // A request without a claim (no key, or a route without the layer): the client's copy goes.
-//! let mut request = Request::post("/payments")
-//!     .header("Idempotency-Fence", "999999999")
-//!     .body(())?;
-//! FenceHeaders::default().apply(&mut request);
-//! assert!(request.headers().get("idempotency-fence").is_none());
-//! # Ok::<(), http::Error>(())
-//! ```
 
 use http::Request;
 use http::header::{self, HeaderName, HeaderValue};
 use idem_http::IdempotencyContext;
 
 /// `[upstream] fence_header`'s default.
-pub const FENCE_HEADER: &str = "idempotency-fence";
+pub(crate) const FENCE_HEADER: &str = "idempotency-fence";
 /// `[upstream] attempt_header`'s default.
-pub const ATTEMPT_HEADER: &str = "idempotency-attempt";
+pub(crate) const ATTEMPT_HEADER: &str = "idempotency-attempt";
 
 /// The headers that carry an attempt's fence and number to the upstream (`[upstream]
 /// fence_headers`, `fence_header`, `attempt_header`).
@@ -65,7 +52,7 @@ impl FenceHeaders {
     /// Removes the client's headers of both names from `request`, then, when on and the
     /// request holds a claim (the layer put its [`IdempotencyContext`] in the extensions),
     /// sets them to the claim's fence and attempt number.
-    pub fn apply<B>(&self, request: &mut Request<B>) {
+    pub(crate) fn apply<B>(&self, request: &mut Request<B>) {
         let claim = request
             .extensions()
             .get::<IdempotencyContext>()
@@ -84,7 +71,7 @@ impl FenceHeaders {
 /// framing or of one connection (removed on the way, or rewritten by any proxy), or a header
 /// the gateway sets itself on the way to the upstream.
 #[must_use]
-pub fn refused_name(name: &HeaderName) -> Option<&'static str> {
+pub(crate) fn refused_name(name: &HeaderName) -> Option<&'static str> {
     if crate::config::lint::is_framing(name)
         || *name == header::PROXY_AUTHORIZATION
         || *name == header::PROXY_AUTHENTICATE

@@ -25,27 +25,27 @@ use crate::normal_path::{NormalPath, PathError};
 use crate::proxy::{ClientAddr, Proxy, ProxyError, Tracker};
 
 /// The metric names of the gateway, next to the layer's (see `idem_http::metrics`).
-pub mod metric {
+pub(crate) mod metric {
     /// Requests by route and status class (`2xx` ... `5xx`), counter.
-    pub const REQUESTS: &str = "idem_gateway_requests_total";
+    pub(crate) const REQUESTS: &str = "idem_gateway_requests_total";
     /// Request duration until the response head, by route, histogram (seconds).
-    pub const DURATION: &str = "idem_gateway_request_duration_seconds";
+    pub(crate) const DURATION: &str = "idem_gateway_request_duration_seconds";
     /// Upstream failures by kind (`unreachable`, `connect_timeout`, `timeout`, `failed`: a
     /// malformed response, a response body broken off or a 101, `shutting_down`), counter.
-    pub const UPSTREAM_ERRORS: &str = "idem_gateway_upstream_errors_total";
+    pub(crate) const UPSTREAM_ERRORS: &str = "idem_gateway_upstream_errors_total";
     /// Requests the gateway refused before any route, by reason (`host`: a missing, repeated
     /// or malformed `Host`; `above_root`: a path that climbs above `/`; `no_path`: a request
     /// target without a path), counter.
-    pub const REFUSED: &str = "idem_gateway_refused_total";
+    pub(crate) const REFUSED: &str = "idem_gateway_refused_total";
     /// The reasons of [`REFUSED`], each registered at zero.
-    pub const REFUSED_REASONS: [&str; 3] = ["host", "above_root", "no_path"];
+    pub(crate) const REFUSED_REASONS: [&str; 3] = ["host", "above_root", "no_path"];
 }
 
 /// The idem-http settings of a route.
 ///
 /// # Errors
 /// [`idem_http::ConfigError`] when the layer refuses a setting.
-pub fn layer_config(
+pub(crate) fn layer_config(
     settings: &RouteSettings,
     store_label: &'static str,
 ) -> Result<idem_http::Config, idem_http::ConfigError> {
@@ -93,7 +93,7 @@ pub fn layer_config(
 ///
 /// # Errors
 /// [`ConfigError`] naming the route whose settings the layer refuses.
-pub fn check_routes(config: &Config) -> Result<(), ConfigError> {
+pub(crate) fn check_routes(config: &Config) -> Result<(), ConfigError> {
     for route in &config.routes {
         layer_config(&route.settings, config.store.spec.kind())
             .map_err(|err| ConfigError::new(None, format!("route {:?}: {err}", route.name)))?;
@@ -123,7 +123,7 @@ struct RouteEntry {
 
 /// The gateway: routes, each with its layer and the shared proxy. Cheap to clone.
 #[derive(Clone, Debug)]
-pub struct Gateway {
+pub(crate) struct Gateway {
     routes: Arc<[RouteEntry]>,
     upstream_errors: Arc<[(&'static str, Counter)]>,
     /// Requests refused before any route, by reason ([`metric::REFUSED_REASONS`], in order).
@@ -153,7 +153,7 @@ impl Gateway {
     ///
     /// # Errors
     /// [`ConfigError`] when there is no upstream or the layer refuses a route's settings.
-    pub fn new(
+    pub(crate) fn new(
         config: &Config,
         store: Arc<dyn Store>,
         tracker: Tracker,
@@ -203,7 +203,7 @@ impl Gateway {
     }
 
     /// Answers one request from a client at `client`.
-    pub async fn handle(
+    pub(crate) async fn handle(
         &self,
         request: Request<Incoming>,
         client: SocketAddr,
@@ -380,7 +380,7 @@ const DOCS: &str = "https://docs.rs/idem-gateway/latest/idem_gateway";
 
 /// An RFC 9457 problem response of the gateway itself.
 #[must_use]
-pub fn problem(status: StatusCode, name: &str, detail: &str) -> Response<GatewayBody> {
+pub(crate) fn problem(status: StatusCode, name: &str, detail: &str) -> Response<GatewayBody> {
     problem_of_type(
         status,
         &format!("{DOCS}/proxy/enum.ProxyError.html#variant.{name}"),
@@ -409,7 +409,7 @@ fn problem_of_type(status: StatusCode, type_uri: &str, detail: &str) -> Response
 /// [`ProxyError::public_detail`]: the upstream's address and the underlying error go to the log
 /// only.
 #[must_use]
-pub fn proxy_error_response(err: &ProxyError) -> Response<GatewayBody> {
+pub(crate) fn proxy_error_response(err: &ProxyError) -> Response<GatewayBody> {
     let mut response = problem(err.status(), err.name(), &err.public_detail());
     if matches!(err, ProxyError::ShuttingDown) {
         response

@@ -57,7 +57,7 @@ impl Entry {
 
 /// What [`InFlightIndex::count`] reads: the gauges of `/metrics`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct InFlightCount {
+pub(crate) struct InFlightCount {
     /// Claims held (or whose settling got no answer), not yet expired.
     pub records: usize,
     /// Of those, how many have a lapsed lease.
@@ -69,7 +69,7 @@ pub struct InFlightCount {
 /// The claims this gateway holds in flight, by key. Updated by [`Watched`] on each transition
 /// (a lock held for one map operation); read by a scrape, which walks only these entries.
 #[derive(Debug)]
-pub struct InFlightIndex {
+pub(crate) struct InFlightIndex {
     clock: Arc<dyn Clock>,
     entries: Mutex<HashMap<RecordKey, Entry>>,
 }
@@ -83,13 +83,13 @@ impl Default for InFlightIndex {
 impl InFlightIndex {
     /// An empty index on the system clock.
     #[must_use]
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         InFlightIndex::with_clock(SystemClock)
     }
 
     /// An empty index on `clock` (the store's, in tests with a `ManualClock`).
     #[must_use]
-    pub fn with_clock(clock: impl Clock + 'static) -> Self {
+    pub(crate) fn with_clock(clock: impl Clock + 'static) -> Self {
         InFlightIndex {
             clock: Arc::new(clock),
             entries: Mutex::new(HashMap::new()),
@@ -152,7 +152,7 @@ impl InFlightIndex {
 
     /// The claims in flight now: drops those past their expiry, then counts the rest.
     #[must_use]
-    pub fn count(&self) -> InFlightCount {
+    pub(crate) fn count(&self) -> InFlightCount {
         let now = self.clock.now();
         let mut entries = self.entries();
         entries.retain(|_, entry| now < entry.expires_at);
@@ -175,14 +175,14 @@ type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + S
 /// the inner store's, unchanged; reads (`get`, `scan`, `ping`, `stats`) are the inner store's
 /// futures as they are (no second box around them).
 #[derive(Debug)]
-pub struct Watched<S> {
+pub(crate) struct Watched<S> {
     inner: S,
     index: Arc<InFlightIndex>,
 }
 
 impl<S> Watched<S> {
     /// `inner`, its claims kept in `index`.
-    pub fn new(inner: S, index: Arc<InFlightIndex>) -> Self {
+    pub(crate) fn new(inner: S, index: Arc<InFlightIndex>) -> Self {
         Watched { inner, index }
     }
 }

@@ -8,7 +8,7 @@
 //! ```
 //! use std::time::Duration;
 //! use idem_gateway::config::{self, Overrides};
-//! use idem_gateway::config::toml::KeyMode;
+//! use idem_gateway::config::KeyMode;
 //!
 //! // What `idem check-config` reads: the file (here as text), then the flags' overrides.
 //! let text = r#"
@@ -34,35 +34,37 @@
 //! # Ok::<(), idem_gateway::config::ConfigError>(())
 //! ```
 //!
-//! This library is what the binary is made of, for tests and embedding:
+//! This library is what the `idem` binary is made of, and exposes only what the binary, the
+//! tests and an embedder need (the README's "As a library" says what each is for):
 //! - [`config`]: the TOML file, the overrides, and the one function that validates them;
-//! - [`cli`]: the command line;
-//! - [`commands`]: the subcommands, each returning a [`commands::Failure`] with its exit code,
-//!   and [`commands::start`], which runs a gateway from the current runtime (the store and the
-//!   admin listener on it, the serving threads of [`server::serve_workers`] beside it);
-//! - [`gateway`], [`proxy`], [`server`], [`admin`]: the request path, the upstream client, the
-//!   listener with its graceful shutdown, and the admin endpoints (metrics, health, the key API,
-//!   the operator's page `/ui`);
-//! - [`fence`]: the attempt's fence and number as request headers to the upstream, and the
-//!   client's copies removed;
-//! - [`normal_path`]: the normal form of a request path, which routes are matched against;
-//! - [`in_flight`]: the claims this gateway holds in flight, kept as they happen (what
-//!   `/metrics` reports, without scanning the store);
-//! - [`records`]: records as the admin tools show them (JSON and one line);
-//! - [`demo`]: the built-in upstream of `idem demo`.
+//! - [`start`] and [`start_with_store`]: a gateway on the current runtime, until a shutdown
+//!   future resolves or [`Running::stop`]; [`Drained`] says how the drain went;
+//! - [`Failure`]: why a command failed, with its exit code;
+//! - [`install_prometheus`] and [`RenderMetrics`]: the recorder the binary installs and what
+//!   renders `/metrics`;
+//! - [`record_json`] and [`record_text`]: a record as `idem keys` shows it;
+//! - [`run_command_line`]: the whole command line of `idem`.
+//!
+//! Everything else (the proxy, the admin listener, the store wiring) is private.
 
-pub mod admin;
-pub mod body;
-pub mod cli;
-pub mod commands;
+mod admin;
+mod body;
+mod cli;
+mod commands;
 pub mod config;
-pub mod demo;
-pub mod fence;
-pub mod gateway;
-pub mod in_flight;
-pub mod normal_path;
-pub mod proxy;
-pub mod records;
-pub mod server;
-pub mod store;
-pub mod telemetry;
+mod demo;
+mod fence;
+mod gateway;
+mod in_flight;
+mod normal_path;
+mod proxy;
+mod records;
+mod server;
+mod store;
+mod telemetry;
+
+pub use admin::RenderMetrics;
+pub use commands::{Failure, Running, run_command_line, start, start_with_store};
+pub use records::{record_json, record_text};
+pub use server::Drained;
+pub use telemetry::install_prometheus;

@@ -5,16 +5,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Parser;
-use idem_gateway::admin::RenderMetrics;
-use idem_gateway::cli::Cli;
-use idem_gateway::commands;
+use idem_gateway::RenderMetrics;
 
 /// Installs the Prometheus recorder (the binary's alone: libraries only emit through the
 /// `metrics` facade), behind the tap that keeps `/ui`'s totals, and returns what renders it.
 /// Histograms are kept as summaries; their upkeep runs every few seconds on its own thread.
 fn install_metrics() -> Option<RenderMetrics> {
-    let handle = idem_gateway::telemetry::install_prometheus()?;
+    let handle = idem_gateway::install_prometheus()?;
     let upkeep = handle.clone();
     let _ = std::thread::Builder::new()
         .name("metrics-upkeep".into())
@@ -34,8 +31,7 @@ fn install_metrics() -> Option<RenderMetrics> {
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match commands::run(cli, &install_metrics) {
+    match idem_gateway::run_command_line(&install_metrics) {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
             let _ = writeln!(std::io::stderr().lock(), "error: {failure}");

@@ -15,17 +15,9 @@
 //! A trailing `/` is kept in the normal form; [`NormalPath::for_matching`] drops it, since
 //! routes ignore it. Case is kept: a route folds it when it says so
 //! ([`RoutePath`](crate::config::RoutePath)). Nothing else makes two paths one: `/a;x`,
-//! `/a.json` and `/a%2F7` are other segments than `a`. Only the route is chosen with the normal form: the request goes to the
-//! upstream as it came, and its fingerprint is over the path as sent.
-//!
-//! ```
-//! use idem_gateway::normal_path::{NormalPath, PathError};
-//!
-//! assert_eq!(NormalPath::new("//a/./b/../%63%2f")?.as_str(), "/a/c%2F");
-//! assert_eq!(NormalPath::new("/payments/")?.for_matching(), "/payments");
-//! assert_eq!(NormalPath::new("/a/../../etc"), Err(PathError::AboveRoot));
-//! # Ok::<(), PathError>(())
-//! ```
+//! `/a.json` and `/a%2F7` are other segments than `a`. Only the route is chosen with the normal
+//! form: the request goes to the upstream as it came, and its fingerprint is over the path as
+//! sent.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -33,7 +25,7 @@ use std::fmt;
 /// Why a path has no normal form.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum PathError {
+pub(crate) enum PathError {
     /// The path does not start with `/`: the request target `*` (`OPTIONS *`), or the
     /// authority of a `CONNECT`. No route covers it.
     #[error("the request target has no path that starts with /")]
@@ -46,7 +38,7 @@ pub enum PathError {
 /// A path in normal form (see the [module](self)). Borrows the path when it is normal already,
 /// as most are.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct NormalPath<'a>(Cow<'a, str>);
+pub(crate) struct NormalPath<'a>(Cow<'a, str>);
 
 impl<'a> NormalPath<'a> {
     /// The normal form of `path` (a request path, without the query). Never panics.
@@ -54,7 +46,7 @@ impl<'a> NormalPath<'a> {
     /// # Errors
     /// [`PathError::NotAbsolute`] when `path` does not start with `/`;
     /// [`PathError::AboveRoot`] when a `..` segment climbs above the root.
-    pub fn new(path: &'a str) -> Result<Self, PathError> {
+    pub(crate) fn new(path: &'a str) -> Result<Self, PathError> {
         if !path.starts_with('/') {
             return Err(PathError::NotAbsolute);
         }
@@ -65,24 +57,19 @@ impl<'a> NormalPath<'a> {
     }
 
     /// The normal form.
+    #[cfg(test)]
     #[must_use]
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 
     /// The form routes match: without a trailing `/` (the root stays `/`).
     #[must_use]
-    pub fn for_matching(&self) -> &str {
+    pub(crate) fn for_matching(&self) -> &str {
         match self.0.strip_suffix('/') {
             Some(trimmed) if !trimmed.is_empty() => trimmed,
             _ => &self.0,
         }
-    }
-
-    /// The same path, owning its text.
-    #[must_use]
-    pub fn into_owned(self) -> NormalPath<'static> {
-        NormalPath(Cow::Owned(self.0.into_owned()))
     }
 }
 

@@ -46,7 +46,7 @@ use crate::gateway::metric;
 /// `Trailer` announced, without connection or framing fields. Its first frame may have been
 /// read ahead, before the head was passed on ([`Proxy::forward`]).
 #[derive(Debug)]
-pub struct UpstreamBody {
+pub(crate) struct UpstreamBody {
     body: Guarded<SettledTrailers<Incoming>, InFlightGuard>,
     /// The first frame, read before the head was passed on.
     first: Option<Frame<Bytes>>,
@@ -143,7 +143,7 @@ pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
 /// Why the upstream gave no response.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ProxyError {
+pub(crate) enum ProxyError {
     /// The upstream refused or dropped the connection: 502.
     #[error("cannot reach the upstream {upstream}: {source}")]
     Unreachable {
@@ -193,7 +193,7 @@ pub enum ProxyError {
 impl ProxyError {
     /// The status the client gets.
     #[must_use]
-    pub fn status(&self) -> StatusCode {
+    pub(crate) fn status(&self) -> StatusCode {
         match self {
             ProxyError::Unreachable { .. }
             | ProxyError::Failed { .. }
@@ -207,7 +207,7 @@ impl ProxyError {
 
     /// A short, stable name for metrics labels and logs.
     #[must_use]
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             ProxyError::Unreachable { .. } => "unreachable",
             ProxyError::ConnectTimeout { .. } => "connect_timeout",
@@ -222,7 +222,7 @@ impl ProxyError {
     /// underlying error (those are for the gateway's log: a public client learns nothing of
     /// the network behind the gateway).
     #[must_use]
-    pub fn public_detail(&self) -> String {
+    pub(crate) fn public_detail(&self) -> String {
         match self {
             ProxyError::Unreachable { .. } => "the upstream cannot be reached".to_owned(),
             ProxyError::ConnectTimeout { after, .. } => format!(
@@ -245,7 +245,7 @@ impl ProxyError {
 
     /// The variant's name, for the problem `type` link.
     #[must_use]
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             ProxyError::Unreachable { .. } => "Unreachable",
             ProxyError::ConnectTimeout { .. } => "ConnectTimeout",
@@ -259,7 +259,7 @@ impl ProxyError {
 
 /// Counts upstream exchanges in flight, and tells them to give up when shutdown's grace is over.
 #[derive(Debug, Clone)]
-pub struct Tracker {
+pub(crate) struct Tracker {
     shared: Arc<TrackerShared>,
 }
 
@@ -272,7 +272,7 @@ struct TrackerShared {
 
 /// Held while one upstream exchange runs (until its response body ends or is dropped).
 #[derive(Debug)]
-pub struct InFlightGuard {
+pub(crate) struct InFlightGuard {
     shared: Arc<TrackerShared>,
 }
 
@@ -299,13 +299,13 @@ impl Default for Tracker {
 impl Tracker {
     /// A tracker with nothing in flight.
     #[must_use]
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Tracker::default()
     }
 
     /// How many exchanges are in flight.
     #[must_use]
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.shared.count.load(Ordering::Acquire)
     }
 
@@ -318,12 +318,12 @@ impl Tracker {
 
     /// Makes every exchange still waiting for its upstream give up with
     /// [`ProxyError::ShuttingDown`], so the idempotency layer releases its key.
-    pub fn abort(&self) {
+    pub(crate) fn abort(&self) {
         self.shared.abort.send_replace(true);
     }
 
     /// Waits until nothing is in flight, or `limit` passes; `true` if nothing is.
-    pub async fn wait_idle(&self, limit: Duration) -> bool {
+    pub(crate) async fn wait_idle(&self, limit: Duration) -> bool {
         // `Instant + Duration` panics past the clock's range; a wait of a year is forever.
         let limit = limit.min(Duration::from_secs(365 * 24 * 60 * 60));
         let deadline = tokio::time::Instant::now() + limit;
@@ -351,11 +351,11 @@ impl Tracker {
 
 /// The peer address of a client connection, put in the request extensions by the server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ClientAddr(pub SocketAddr);
+pub(crate) struct ClientAddr(pub SocketAddr);
 
 /// The upstream client: a [`Service`](https://docs.rs/tower-service/0.3/tower_service/trait.Service.html) that is always ready and cheap to clone.
 #[derive(Clone, Debug)]
-pub struct Proxy {
+pub(crate) struct Proxy {
     shared: Arc<ProxyShared>,
 }
 
@@ -378,7 +378,7 @@ const PROXY_ONLY: [HeaderName; 2] = [header::PROXY_AUTHORIZATION, header::PROXY_
 /// end, RFC 9112 section 3.2), and the proxy authentication headers. `Trailer` stays, as it
 /// announces the message's trailers end to end, but names only fields a trailer section may
 /// carry ([`clean_trailer_header`]); the names it keeps are returned.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) -> Vec<HeaderName> {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) -> Vec<HeaderName> {
     let announced = clean_trailer_header(headers);
     remove_connection_fields(headers, &PROXY_ONLY);
     announced
@@ -457,14 +457,14 @@ fn is_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
 impl Proxy {
     /// The upstream's name (its URL), as errors show it.
     #[must_use]
-    pub fn upstream(&self) -> &str {
+    pub(crate) fn upstream(&self) -> &str {
         &self.shared.name
     }
 
     /// A proxy to `upstream`, counting its exchanges in `tracker`. Metric handles are registered
     /// now: install the recorder before.
     #[must_use]
-    pub fn new(upstream: &UpstreamConfig, tracker: Tracker) -> Self {
+    pub(crate) fn new(upstream: &UpstreamConfig, tracker: Tracker) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(upstream.connect_timeout));
         connector.set_nodelay(true);
@@ -495,7 +495,7 @@ impl Proxy {
     /// # Errors
     /// [`ProxyError`] when the upstream cannot be reached, answers too late, breaks the
     /// exchange or answers 101, or the gateway is shutting down.
-    pub async fn forward(
+    pub(crate) async fn forward(
         &self,
         request: Request<RequestBody>,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
@@ -609,7 +609,7 @@ impl Proxy {
 }
 
 /// The future of [`Proxy::call`].
-pub type ProxyFuture =
+pub(crate) type ProxyFuture =
     Pin<Box<dyn Future<Output = Result<Response<UpstreamBody>, ProxyError>> + Send + 'static>>;
 
 impl Service<Request<RequestBody>> for Proxy {

@@ -14,7 +14,7 @@ use crate::config::{ConfigError, HumanDuration};
 
 /// A store time as RFC 3339 text, to the millisecond.
 #[must_use]
-pub fn time(at: Timestamp) -> String {
+pub(crate) fn time(at: Timestamp) -> String {
     let at = std::time::UNIX_EPOCH + std::time::Duration::from_micros(at.as_micros());
     humantime::format_rfc3339_millis(at).to_string()
 }
@@ -47,13 +47,13 @@ pub fn record_json(record: &Record) -> Value {
 
 /// The `state` of a record the store could not read, in [`unreadable_json`] and `idem keys
 /// list`.
-pub const UNREADABLE: &str = "unreadable";
+pub(crate) const UNREADABLE: &str = "unreadable";
 
 /// A record the store could not read, as JSON: `"state": "unreadable"`, its `key` and `scope`
 /// where the store could read them (what `idem keys delete` and the key API take; `null`
 /// otherwise), `stored_key` (the key as the store holds it, as text) and the `reason`.
 #[must_use]
-pub fn unreadable_json(unreadable: &UnreadableRecord) -> Value {
+pub(crate) fn unreadable_json(unreadable: &UnreadableRecord) -> Value {
     let key = unreadable.key.as_ref();
     json!({
         "key": key.map(|k| k.key.as_str()),
@@ -67,7 +67,7 @@ pub fn unreadable_json(unreadable: &UnreadableRecord) -> Value {
 /// The entries of a scan page as JSON: its records ([`record_json`]), then the records it
 /// could not read ([`unreadable_json`]).
 #[must_use]
-pub fn page_json(page: &ScanPage) -> Vec<Value> {
+pub(crate) fn page_json(page: &ScanPage) -> Vec<Value> {
     page.records
         .iter()
         .map(record_json)
@@ -82,7 +82,7 @@ pub fn page_json(page: &ScanPage) -> Vec<Value> {
 /// `KEY scope=SCOPE unreadable reason=REASON`, tab-separated like the others; where the store
 /// could not read its key, `KEY` is the key as stored and `SCOPE` is `?`.
 #[must_use]
-pub fn record_line(record: &Value) -> String {
+pub(crate) fn record_line(record: &Value) -> String {
     if record["state"] == UNREADABLE {
         return unreadable_line(record);
     }
@@ -187,7 +187,7 @@ pub fn record_text(record: &Value) -> String {
 /// How errors name the arguments of a record query: the command line's ([`ArgNames::FLAGS`])
 /// or those of the key API and the `/ui` form ([`ArgNames::PARAMS`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ArgNames {
+pub(crate) struct ArgNames {
     /// The key.
     pub key: &'static str,
     /// The scope.
@@ -202,7 +202,7 @@ pub struct ArgNames {
 
 impl ArgNames {
     /// `idem keys`: `KEY`, `--scope`, `--state`, `--older-than`, `--limit`.
-    pub const FLAGS: ArgNames = ArgNames {
+    pub(crate) const FLAGS: ArgNames = ArgNames {
         key: "KEY",
         scope: "--scope",
         state: "--state",
@@ -211,7 +211,7 @@ impl ArgNames {
     };
     /// The key API's query parameters and the `/ui` form's fields: `key`, `scope`, `state`,
     /// `older_than`, `limit`.
-    pub const PARAMS: ArgNames = ArgNames {
+    pub(crate) const PARAMS: ArgNames = ArgNames {
         key: "key",
         scope: "scope",
         state: "state",
@@ -225,7 +225,11 @@ impl ArgNames {
 ///
 /// # Errors
 /// [`ConfigError`] when the key or the scope is not valid.
-pub fn record_key(key: &str, scope: &str, names: ArgNames) -> Result<RecordKey, ConfigError> {
+pub(crate) fn record_key(
+    key: &str,
+    scope: &str,
+    names: ArgNames,
+) -> Result<RecordKey, ConfigError> {
     let key = IdempotencyKey::new(key)
         .map_err(|err| ConfigError::new(Some(names.key.to_owned()), err.to_string()))?;
     let scope = Scope::new(scope)
@@ -252,7 +256,7 @@ fn scope_error(err: &KeyError) -> String {
 ///
 /// # Errors
 /// [`ConfigError`] naming the state, the age or the limit as `names` does.
-pub fn scan_query(
+pub(crate) fn scan_query(
     state: Option<&str>,
     older_than: Option<&str>,
     limit: usize,

@@ -40,7 +40,7 @@ pub struct Drained {
 }
 
 /// Serves `gateway` on `listener` until `shutdown` resolves, then drains.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     gateway: Gateway,
     settings: &ServerConfig,
@@ -139,7 +139,7 @@ fn deadline_after(limit: Duration) -> tokio::time::Instant {
 ///
 /// # Errors
 /// The first bind that fails (the address is taken, or not this machine's).
-pub fn bind_workers(
+pub(crate) fn bind_workers(
     addr: SocketAddr,
     count: NonZeroUsize,
 ) -> io::Result<Vec<std::net::TcpListener>> {
@@ -180,7 +180,7 @@ fn bind_socket(addr: SocketAddr, reuse_port: bool) -> io::Result<TcpSocket> {
 /// on a machine whose cores the proxy shares, hopping between threads cost a fifth of the CPU
 /// per request.
 #[derive(Debug)]
-pub struct Worker {
+pub(crate) struct Worker {
     runtime: tokio::runtime::Runtime,
     listener: std::net::TcpListener,
     gateway: Gateway,
@@ -192,7 +192,7 @@ impl Worker {
     ///
     /// # Errors
     /// The runtime cannot be built.
-    pub fn runtime() -> io::Result<tokio::runtime::Runtime> {
+    pub(crate) fn runtime() -> io::Result<tokio::runtime::Runtime> {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -200,7 +200,7 @@ impl Worker {
 
     /// A worker serving `gateway` on `listener` from `runtime`.
     #[must_use]
-    pub fn new(
+    pub(crate) fn new(
         runtime: tokio::runtime::Runtime,
         listener: std::net::TcpListener,
         gateway: Gateway,
@@ -215,7 +215,7 @@ impl Worker {
     /// Lets go of a worker that will not serve (the gateway failed to start) without blocking:
     /// its runtime is shut down in the background, so this may be called from inside another
     /// runtime, where dropping a runtime panics.
-    pub fn discard(self) {
+    pub(crate) fn discard(self) {
         self.runtime.shutdown_background();
     }
 }
@@ -225,7 +225,7 @@ impl Worker {
 ///
 /// # Errors
 /// The thread panicked.
-pub fn run_on<F>(runtime: &tokio::runtime::Runtime, future: F) -> Result<F::Output, String>
+pub(crate) fn run_on<F>(runtime: &tokio::runtime::Runtime, future: F) -> Result<F::Output, String>
 where
     F: Future + Send,
     F::Output: Send,
@@ -240,7 +240,7 @@ where
 
 /// Serves on each worker's thread until `shutdown` resolves, then drains them all (as
 /// [`serve`] does) and reports the worst of their drains.
-pub async fn serve_workers(
+pub(crate) async fn serve_workers(
     workers: Vec<Worker>,
     settings: &ServerConfig,
     tracker: Tracker,
@@ -329,7 +329,7 @@ async fn settle_tasks(limit: Duration) {
 }
 
 /// Resolves on SIGTERM or SIGINT (Ctrl-C).
-pub async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

@@ -22,7 +22,7 @@ use crate::config::{ConfigError, StoreConfig, StoreSpec};
 /// the same message and exit code 2), opening a store checks it again, and `--help` lists the
 /// forms of [`Backends::forms`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Backends {
+pub(crate) struct Backends {
     /// `redis://...`, `redis+cluster://...` (feature `redis`).
     pub redis: bool,
     /// `postgres://...` (feature `postgres`).
@@ -33,7 +33,7 @@ pub struct Backends {
 
 impl Backends {
     /// The stores this build was compiled with.
-    pub const COMPILED: Backends = Backends {
+    pub(crate) const COMPILED: Backends = Backends {
         redis: cfg!(feature = "redis"),
         postgres: cfg!(feature = "postgres"),
         redb: cfg!(feature = "redb"),
@@ -41,7 +41,7 @@ impl Backends {
 
     /// Whether this build has the store `spec` names.
     #[must_use]
-    pub fn has(self, spec: &StoreSpec) -> bool {
+    pub(crate) fn has(self, spec: &StoreSpec) -> bool {
         match spec {
             StoreSpec::Memory => true,
             StoreSpec::Redis(_) => self.redis,
@@ -54,7 +54,7 @@ impl Backends {
     ///
     /// # Errors
     /// The one-line reason, when this build cannot open `spec`.
-    pub fn check(self, spec: &StoreSpec) -> Result<(), String> {
+    pub(crate) fn check(self, spec: &StoreSpec) -> Result<(), String> {
         if self.has(spec) {
             return Ok(());
         }
@@ -69,7 +69,7 @@ impl Backends {
 
     /// The store forms this build takes, for `--help`: `memory, redis://HOST[:PORT][/DB], ...`.
     #[must_use]
-    pub fn forms(self) -> String {
+    pub(crate) fn forms(self) -> String {
         let mut forms = vec!["memory"];
         if self.redis {
             forms.push("redis://HOST[:PORT][/DB]");
@@ -88,27 +88,19 @@ impl Backends {
     }
 }
 
-/// Opens (connects to) the store. A PostgreSQL store applies its migrations on connect.
-///
-/// # Errors
-/// [`Failure::Config`] (exit 2) when this build has no such store or the store refuses its
-/// settings; [`Failure::Runtime`] when the store cannot be reached.
-pub async fn open(config: &StoreConfig) -> Result<Arc<dyn Store>, Failure> {
-    open_as(config, Opening::Serve).await
-}
-
-/// Opens the store for `idem serve`: as [`open`], except that a Redis or PostgreSQL server that
-/// does not answer yet (refused, timed out: an error a retry may cure) is not a failure. The
-/// gateway then starts on a [`Deferred`] store that connects on first use, at most once per
+/// Opens (connects to) the store for `idem serve` (a PostgreSQL store applies its migrations on
+/// connect); a Redis or PostgreSQL server that does not answer yet (refused, timed out: an
+/// error a retry may cure) is not a failure. The gateway then starts on a [`Deferred`] store that connects on first use, at most once per
 /// [`Deferred::RETRY_EVERY`], and until then answers every operation as unavailable: covered
 /// requests get 503 with `Retry-After` (or run unrecorded, `fail_open`), `/readyz` says the
 /// store does not answer, and `/healthz` that the process does. A store that goes down later
 /// behaves the same, so a gateway started before its store needs no restart.
 ///
 /// # Errors
-/// As [`open`], for any other failure: a bad setting, a store this build lacks, a redb file in
-/// use by another process, a server that refuses the credentials.
-pub async fn open_to_serve(config: &StoreConfig) -> Result<Arc<dyn Store>, Failure> {
+/// [`Failure`] for any failure but a server that does not answer yet: a bad setting or a store
+/// this build lacks (exit 2), a redb file in use by another process, a server that refuses the
+/// credentials.
+pub(crate) async fn open_to_serve(config: &StoreConfig) -> Result<Arc<dyn Store>, Failure> {
     match connect(config, Opening::Serve).await {
         Ok(store) => Ok(store),
         Err(Opened::Down(err)) if network(&config.spec) && err.is_retryable() => {
@@ -166,8 +158,10 @@ fn network(spec: &StoreSpec) -> bool {
 /// file is an error, not a new empty store (a mistyped path would answer "no record").
 ///
 /// # Errors
-/// As [`open`]; and [`Failure::Runtime`] for a redb path where no file is.
-pub async fn open_existing(config: &StoreConfig) -> Result<Arc<dyn Store>, Failure> {
+/// [`Failure::Config`] (exit 2) when this build has no such store or the store refuses its
+/// settings; [`Failure::Runtime`] when the store cannot be reached, or for a redb path where
+/// no file is.
+pub(crate) async fn open_existing(config: &StoreConfig) -> Result<Arc<dyn Store>, Failure> {
     open_as(config, Opening::Existing).await
 }
 
@@ -275,7 +269,7 @@ async fn connect(config: &StoreConfig, opening: Opening) -> Result<Arc<dyn Store
 
 /// Which store setting the store's own client refuses.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SettingError {
+pub(crate) enum SettingError {
     /// The URL (`[store] url`, `--store`, `IDEM_STORE`): the client cannot use it.
     Url(String),
     /// The namespace (`[store] namespace`): the store does not take it (a PostgreSQL schema is
@@ -303,7 +297,7 @@ impl SettingError {
     not(any(feature = "postgres", feature = "redis")),
     allow(unused_variables, clippy::unnecessary_wraps)
 )]
-pub fn check_settings(spec: &StoreSpec, namespace: &str) -> Result<(), SettingError> {
+pub(crate) fn check_settings(spec: &StoreSpec, namespace: &str) -> Result<(), SettingError> {
     match spec {
         #[cfg(feature = "redis")]
         StoreSpec::Redis(url) => redis::config(url, namespace).map(drop),
@@ -317,7 +311,7 @@ pub fn check_settings(spec: &StoreSpec, namespace: &str) -> Result<(), SettingEr
 ///
 /// # Errors
 /// [`Failure`]: the store cannot be opened or reached, or the step fails.
-pub async fn maintain(config: &StoreConfig, migrate: bool) -> Result<String, Failure> {
+pub(crate) async fn maintain(config: &StoreConfig, migrate: bool) -> Result<String, Failure> {
     match (&config.spec, migrate) {
         (StoreSpec::Memory, true) => {
             Ok("the memory store has no schema: nothing to migrate".into())

@@ -21,7 +21,7 @@ use crate::config::toml::LogFormat;
 use crate::gateway::metric as gateway;
 
 /// Installs the log subscriber (once per process; later calls do nothing).
-pub fn init_logs(config: &LogConfig) {
+pub(crate) fn init_logs(config: &LogConfig) {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&config.level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
@@ -41,7 +41,7 @@ pub fn init_logs(config: &LogConfig) {
 /// (`rate()`, `increase()`) and a reader of `/metrics` find `idem_lease_takeovers_total` before
 /// the first takeover. Without an installed recorder this does nothing; registering twice is
 /// harmless.
-pub fn register_metrics(store: &'static str) {
+pub(crate) fn register_metrics(store: &'static str) {
     use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram};
 
     describe_counter!(
@@ -155,7 +155,7 @@ static TAPPED: AtomicBool = AtomicBool::new(false);
 /// The totals of [`monitor::COUNTERS`] (in its order) since the [`Tap`] was installed, each
 /// summed over its labels: what `/ui` computes its rates from.
 #[must_use]
-pub fn counter_totals() -> [f64; monitor::COUNTERS.len()] {
+pub(crate) fn counter_totals() -> [f64; monitor::COUNTERS.len()] {
     #[allow(clippy::cast_precision_loss)]
     TOTALS
         .each_ref()
@@ -165,7 +165,7 @@ pub fn counter_totals() -> [f64; monitor::COUNTERS.len()] {
 /// Whether the counters' totals are kept: a [`Tap`] was installed as this process's recorder.
 /// Without it (an embedder's own recorder) `/ui` says so instead of showing zeros.
 #[must_use]
-pub fn counters_tapped() -> bool {
+pub(crate) fn counters_tapped() -> bool {
     TAPPED.load(Ordering::Relaxed)
 }
 
@@ -173,14 +173,14 @@ pub fn counters_tapped() -> bool {
 /// [`monitor::COUNTERS`], also adds each increment to a process-wide total
 /// ([`counter_totals`]). Every other metric is `R`'s own handle, untouched.
 #[derive(Debug)]
-pub struct Tap<R> {
+pub(crate) struct Tap<R> {
     inner: R,
 }
 
 impl<R: Recorder> Tap<R> {
     /// Wraps `inner`: the totals count what goes through it ([`install_prometheus`] installs
     /// one as the process's recorder).
-    pub fn new(inner: R) -> Self {
+    pub(crate) fn new(inner: R) -> Self {
         Tap { inner }
     }
 }
@@ -240,9 +240,9 @@ impl<R: Recorder> Recorder for Tap<R> {
     }
 }
 
-/// Installs the Prometheus recorder behind a [`Tap`] as this process's recorder, and returns
-/// the handle that renders it (`None` when a recorder is installed already). The caller runs
-/// the handle's upkeep.
+/// Installs the Prometheus recorder behind a tap (which keeps the totals `/ui` shows) as this
+/// process's recorder, and returns the handle that renders it (`None` when a recorder is
+/// installed already). The caller runs the handle's upkeep.
 #[must_use]
 pub fn install_prometheus() -> Option<PrometheusHandle> {
     let recorder = PrometheusBuilder::new().build_recorder();

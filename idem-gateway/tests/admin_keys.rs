@@ -14,7 +14,7 @@ use common::{
 use http::Method;
 use idem_core::{ClaimRequest, Fingerprint, IdempotencyKey, RecordKey, Store};
 use idem_gateway::config::Overrides;
-use idem_gateway::records::{record_json, record_text};
+use idem_gateway::{record_json, record_text};
 
 const TOKEN: &str = "admin-test-token";
 
@@ -672,7 +672,7 @@ async fn metrics_show_this_gateways_claims_in_flight_without_scanning_the_store(
         idem_store_memory::MemoryStore::new(),
     ));
     let faults = store.faults.clone();
-    let running = idem_gateway::commands::start_with_store(
+    let running = idem_gateway::start_with_store(
         &config,
         store,
         Some(metrics_recorder()),
@@ -735,7 +735,7 @@ async fn the_pages_counters_come_from_the_recorder_not_its_text() {
     // This process's recorder, behind the tap that keeps the totals.
     let _ = metrics_recorder();
     let fixture = Fixture::start();
-    let blank: idem_gateway::admin::RenderMetrics = std::sync::Arc::new(String::new);
+    let blank: idem_gateway::RenderMetrics = std::sync::Arc::new(String::new);
     let gateway = Gateway::start_with_metrics(
         &config_with(fixture.addr, "", &Overrides::default()),
         Some(blank),

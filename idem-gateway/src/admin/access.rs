@@ -11,9 +11,9 @@ use http::header;
 use subtle::ConstantTimeEq as _;
 
 /// Wrong tokens a peer may send within [`WINDOW`] before its wrong tokens are answered 429.
-pub const MAX_FAILURES: u32 = 10;
+pub(crate) const MAX_FAILURES: u32 = 10;
 /// The window [`MAX_FAILURES`] counts in.
-pub const WINDOW: Duration = Duration::from_secs(60);
+pub(crate) const WINDOW: Duration = Duration::from_secs(60);
 /// At most this many peers are remembered (those whose window ended go first).
 const MAX_PEERS: usize = 4096;
 
@@ -30,7 +30,7 @@ pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
 /// browser then lets it read the admin listener's answers, `/ui`'s CSRF token included. Such a
 /// request always carries that host name; one addressed by IP cannot come from it.
 #[must_use]
-pub fn addressed_directly<B>(request: &Request<B>) -> bool {
+pub(crate) fn addressed_directly<B>(request: &Request<B>) -> bool {
     let authority = match request.uri().authority() {
         Some(authority) => Some(authority.clone()),
         None => match request.headers().get(header::HOST) {
@@ -75,7 +75,7 @@ struct Failures {
 /// each no more). The right token is still accepted: the throttle holds back the failures, not
 /// the operator who shares an address with whoever sends them.
 #[derive(Default)]
-pub struct Throttle {
+pub(crate) struct Throttle {
     peers: Mutex<HashMap<Option<IpAddr>, Failures>>,
 }
 
@@ -91,19 +91,19 @@ impl std::fmt::Debug for Throttle {
 impl Throttle {
     /// No failure counted yet.
     #[must_use]
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Throttle::default()
     }
 
     /// How long the peer at `address` must wait before a token of its is checked again, if it
     /// must.
     #[must_use]
-    pub fn wait(&self, address: Option<IpAddr>) -> Option<Duration> {
+    pub(crate) fn wait(&self, address: Option<IpAddr>) -> Option<Duration> {
         self.wait_at(address, Instant::now())
     }
 
     /// Counts a wrong token from the peer at `address`.
-    pub fn failed(&self, address: Option<IpAddr>) {
+    pub(crate) fn failed(&self, address: Option<IpAddr>) {
         self.failed_at(address, Instant::now());
     }
 

@@ -32,11 +32,11 @@ use crate::config::ConfigError;
 use crate::records::{ArgNames, record_json, record_key, scan_query, unreadable_json};
 
 /// The path prefix of the key API.
-pub const PREFIX: &str = "/api/keys";
+pub(crate) const PREFIX: &str = "/api/keys";
 
 /// A JSON response.
 #[must_use]
-pub fn json_response(status: StatusCode, value: &Value) -> Response {
+pub(crate) fn json_response(status: StatusCode, value: &Value) -> Response {
     let mut response = (status, value.to_string()).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

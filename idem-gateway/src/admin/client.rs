@@ -30,7 +30,7 @@ const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
 /// Percent-encodes `text` for a URL path segment or a query value (a key in the key API's
 /// path, a cursor in its query).
 #[must_use]
-pub fn encode(text: &str) -> String {
+pub(crate) fn encode(text: &str) -> String {
     utf8_percent_encode(text, COMPONENT).to_string()
 }
 
@@ -39,7 +39,7 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A client of one gateway's admin listener.
 #[derive(Clone)]
-pub struct AdminClient {
+pub(crate) struct AdminClient {
     base: String,
     token: Option<String>,
     client: Client<HttpConnector, Full<Bytes>>,
@@ -60,7 +60,7 @@ impl AdminClient {
     ///
     /// # Errors
     /// [`ConfigError`] naming `--admin` when the URL is not an `http://` URL.
-    pub fn new(url: &str, token: Option<String>) -> Result<Self, ConfigError> {
+    pub(crate) fn new(url: &str, token: Option<String>) -> Result<Self, ConfigError> {
         let bad = |why: &str| {
             ConfigError::new(
                 Some("--admin".to_owned()),
@@ -144,7 +144,7 @@ impl AdminClient {
     ///
     /// # Errors
     /// [`Failure::Runtime`]: unreachable, refused, or a store error on the gateway.
-    pub async fn get(&self, key: &RecordKey) -> Result<Option<Value>, Failure> {
+    pub(crate) async fn get(&self, key: &RecordKey) -> Result<Option<Value>, Failure> {
         let value = self.call(Method::GET, &Self::key_path(key)).await?;
         Ok(value.get("key").is_some().then_some(value))
     }
@@ -153,7 +153,7 @@ impl AdminClient {
     ///
     /// # Errors
     /// [`Failure::Runtime`]: unreachable, refused, or a store error on the gateway.
-    pub async fn delete(&self, key: &RecordKey) -> Result<bool, Failure> {
+    pub(crate) async fn delete(&self, key: &RecordKey) -> Result<bool, Failure> {
         let value = self.call(Method::DELETE, &Self::key_path(key)).await?;
         Ok(value["deleted"].as_bool().unwrap_or(false))
     }
@@ -163,7 +163,10 @@ impl AdminClient {
     ///
     /// # Errors
     /// [`Failure::Runtime`]: unreachable, refused, or a store error on the gateway.
-    pub async fn scan(&self, query: &ScanQuery) -> Result<(Vec<Value>, Option<String>), Failure> {
+    pub(crate) async fn scan(
+        &self,
+        query: &ScanQuery,
+    ) -> Result<(Vec<Value>, Option<String>), Failure> {
         let mut path = format!("{PREFIX}?limit={}", query.page_size());
         if let Some(state) = query.state {
             path.push_str(&format!("&state={state}"));

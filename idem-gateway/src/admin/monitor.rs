@@ -20,34 +20,34 @@ use crate::in_flight::{InFlightCount, InFlightIndex};
 
 /// The claims this gateway holds in flight, gauge (see [`crate::in_flight`] for what a
 /// gateway among several reports).
-pub const IN_FLIGHT: &str = "idem_gateway_in_flight_records";
+pub(crate) const IN_FLIGHT: &str = "idem_gateway_in_flight_records";
 /// Of this gateway's claims in flight, those whose lease has lapsed (its heartbeat or
 /// settling got no answer from the store), gauge. Such a claim counts until another attempt
 /// takes it over, or one more lease, when the store's record expires.
-pub const IN_FLIGHT_LAPSED: &str = "idem_gateway_in_flight_lapsed_records";
+pub(crate) const IN_FLIGHT_LAPSED: &str = "idem_gateway_in_flight_lapsed_records";
 /// The age of this gateway's oldest claim in flight, in seconds (0 when there is none), gauge.
-pub const OLDEST_IN_FLIGHT: &str = "idem_gateway_oldest_in_flight_seconds";
+pub(crate) const OLDEST_IN_FLIGHT: &str = "idem_gateway_oldest_in_flight_seconds";
 
 /// The records the store holds, gauge, where it knows at once (the memory store).
-pub const STORE_RECORDS: &str = "idem_gateway_store_records";
+pub(crate) const STORE_RECORDS: &str = "idem_gateway_store_records";
 /// The bytes the store's records hold, as it counts them against its byte budget, gauge (the
 /// memory store with `[store] memory_max_bytes`).
-pub const STORE_BYTES: &str = "idem_gateway_store_bytes";
+pub(crate) const STORE_BYTES: &str = "idem_gateway_store_bytes";
 
 /// At most this many pages of in-flight records are read per scan of `/ui` (a page is 100
 /// records).
-pub const MAX_SCAN_PAGES: usize = 10;
+pub(crate) const MAX_SCAN_PAGES: usize = 10;
 /// How often the counters are sampled for the rates.
-pub const SAMPLE_EVERY: Duration = Duration::from_secs(5);
+pub(crate) const SAMPLE_EVERY: Duration = Duration::from_secs(5);
 /// The window of the rates.
-pub const RATE_WINDOW: Duration = Duration::from_secs(60);
+pub(crate) const RATE_WINDOW: Duration = Duration::from_secs(60);
 
 /// Reads about `limit` entries at most matching `query` (records, and records the store could
 /// not read, which a page counts too), following the store's cursor; whether there were more.
 ///
 /// # Errors
 /// The store's error.
-pub async fn scan_all(
+pub(crate) async fn scan_all(
     store: &dyn Store,
     mut query: ScanQuery,
     limit: usize,
@@ -67,7 +67,7 @@ pub async fn scan_all(
 
 /// The in-flight records at one moment.
 #[derive(Clone, Debug, Default)]
-pub struct InFlight {
+pub(crate) struct InFlight {
     /// The records, oldest first.
     pub records: Vec<Record>,
     /// The records the scan met that the store could not read (their state unknown, so
@@ -86,7 +86,7 @@ impl InFlight {
     ///
     /// # Errors
     /// The store's error.
-    pub async fn scan(store: &dyn Store) -> Result<InFlight, StoreError> {
+    pub(crate) async fn scan(store: &dyn Store) -> Result<InFlight, StoreError> {
         let query = ScanQuery::all().with_state(State::InFlight);
         let (page, truncated) =
             scan_all(store, query, MAX_SCAN_PAGES * ScanQuery::DEFAULT_LIMIT).await?;
@@ -123,7 +123,7 @@ fn export_stats(stats: StoreStats) {
 }
 
 /// The counters shown with their rates, by label and metric name (summed over their labels).
-pub const COUNTERS: [(&str, &str); 7] = [
+pub(crate) const COUNTERS: [(&str, &str); 7] = [
     ("requests answered", idem_http::metrics::REQUESTS),
     ("duplicates replayed", idem_http::metrics::REPLAYS),
     ("in-flight conflicts (409)", idem_http::metrics::COLLISIONS),
@@ -135,7 +135,7 @@ pub const COUNTERS: [(&str, &str); 7] = [
 
 /// One counter: its value now and its rate per second over the window.
 #[derive(Clone, Debug)]
-pub struct Rate {
+pub(crate) struct Rate {
     /// The label shown.
     pub label: &'static str,
     /// The metric name.
@@ -148,7 +148,7 @@ pub struct Rate {
 
 /// The counters' rates and the span they were measured over.
 #[derive(Clone, Debug)]
-pub struct Rates {
+pub(crate) struct Rates {
     /// One per entry of [`COUNTERS`].
     pub counters: Vec<Rate>,
     /// The span between the samples compared.
@@ -159,7 +159,7 @@ type Sample = (Instant, [f64; COUNTERS.len()]);
 
 /// What the admin listener measures; shared by its connections.
 #[derive(Debug, Default)]
-pub struct Monitor {
+pub(crate) struct Monitor {
     samples: Mutex<VecDeque<Sample>>,
     in_flight: Option<Arc<InFlightIndex>>,
 }
@@ -167,14 +167,14 @@ pub struct Monitor {
 impl Monitor {
     /// Nothing measured yet, and no claims to report: the in-flight gauges are not set.
     #[must_use]
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Monitor::default()
     }
 
     /// Nothing measured yet; the in-flight gauges report the claims of `index` (the one the
     /// gateway's store keeps: [`crate::in_flight::Watched`]).
     #[must_use]
-    pub fn watching(index: Arc<InFlightIndex>) -> Self {
+    pub(crate) fn watching(index: Arc<InFlightIndex>) -> Self {
         Monitor {
             samples: Mutex::default(),
             in_flight: Some(index),
@@ -183,7 +183,7 @@ impl Monitor {
 
     /// Sets the gauges: the store's own where it knows them at once ([`Store::stats`]), and
     /// this gateway's claims in flight from its index. Reads no record of the store.
-    pub async fn refresh_gauges(&self, store: &dyn Store) {
+    pub(crate) async fn refresh_gauges(&self, store: &dyn Store) {
         if let Some(stats) = store.stats() {
             export_stats(stats);
         }
@@ -193,7 +193,7 @@ impl Monitor {
     }
 
     /// Records the counters' totals now.
-    pub fn sample(&self) {
+    pub(crate) fn sample(&self) {
         let values = crate::telemetry::counter_totals();
         let now = Instant::now();
         let mut samples = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
@@ -208,7 +208,7 @@ impl Monitor {
 
     /// The counters now, with their rates over the last minute (or what has been sampled).
     #[must_use]
-    pub fn rates(&self) -> Rates {
+    pub(crate) fn rates(&self) -> Rates {
         self.sample();
         let samples = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(&(now, latest)) = samples.back() else {

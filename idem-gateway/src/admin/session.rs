@@ -18,9 +18,9 @@ use idem_core::OwnerToken;
 use super::access::same;
 
 /// The cookie that names a session.
-pub const COOKIE: &str = "idem_admin_session";
+pub(crate) const COOKIE: &str = "idem_admin_session";
 /// How long a session lasts.
-pub const LIFETIME: Duration = Duration::from_secs(12 * 3600);
+pub(crate) const LIFETIME: Duration = Duration::from_secs(12 * 3600);
 /// At most this many sessions are kept (the oldest goes first).
 const MAX_SESSIONS: usize = 256;
 
@@ -35,7 +35,7 @@ struct Session {
 }
 
 /// The open sessions and the process's CSRF token.
-pub struct Sessions {
+pub(crate) struct Sessions {
     open: Mutex<HashMap<String, Session>>,
     csrf: String,
 }
@@ -58,7 +58,7 @@ impl Default for Sessions {
 impl Sessions {
     /// No session yet.
     #[must_use]
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Sessions {
             open: Mutex::new(HashMap::new()),
             csrf: secret(),
@@ -66,7 +66,7 @@ impl Sessions {
     }
 
     /// Opens a session: returns its id (for the cookie).
-    pub fn open(&self) -> String {
+    pub(crate) fn open(&self) -> String {
         let id = secret();
         let now = Instant::now();
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
@@ -92,7 +92,7 @@ impl Sessions {
 
     /// The CSRF token of the live session `id`, compared in constant time.
     #[must_use]
-    pub fn csrf_of(&self, id: &str) -> Option<String> {
+    pub(crate) fn csrf_of(&self, id: &str) -> Option<String> {
         let now = Instant::now();
         let open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
         open.iter()
@@ -103,14 +103,14 @@ impl Sessions {
     }
 
     /// Ends the session `id`.
-    pub fn close(&self, id: &str) {
+    pub(crate) fn close(&self, id: &str) {
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
         open.retain(|candidate, _| !same(candidate.as_bytes(), id.as_bytes()));
     }
 
     /// The CSRF token of requests without a session (bearer header, or no token set).
     #[must_use]
-    pub fn process_csrf(&self) -> &str {
+    pub(crate) fn process_csrf(&self) -> &str {
         &self.csrf
     }
 }
@@ -118,7 +118,7 @@ impl Sessions {
 /// The session id the `Cookie` headers of a request name, if any (a request may split its
 /// cookies over several headers).
 #[must_use]
-pub fn cookie_of(headers: &HeaderMap) -> Option<String> {
+pub(crate) fn cookie_of(headers: &HeaderMap) -> Option<String> {
     headers
         .get_all(header::COOKIE)
         .iter()
@@ -133,7 +133,7 @@ pub fn cookie_of(headers: &HeaderMap) -> Option<String> {
 /// in front of the listener did (`X-Forwarded-Proto: https`). The session cookie is then
 /// `Secure`. A forged header only makes the cookie stricter.
 #[must_use]
-pub fn over_https(uri: &http::Uri, headers: &HeaderMap) -> bool {
+pub(crate) fn over_https(uri: &http::Uri, headers: &HeaderMap) -> bool {
     uri.scheme_str() == Some("https")
         || headers
             .get("x-forwarded-proto")
@@ -144,7 +144,7 @@ pub fn over_https(uri: &http::Uri, headers: &HeaderMap) -> bool {
 /// The `Set-Cookie` value that names the session `id` for [`LIFETIME`], or with `None`
 /// removes the cookie.
 #[must_use]
-pub fn set_cookie(id: Option<&str>, secure: bool) -> String {
+pub(crate) fn set_cookie(id: Option<&str>, secure: bool) -> String {
     let lifetime = id.map_or(0, |_| LIFETIME.as_secs());
     Cookie::build((COOKIE, id.unwrap_or_default()))
         .path("/ui")

@@ -41,13 +41,13 @@ form.inline{display:inline;margin:0}button{cursor:pointer}";
 /// Escapes `text` for HTML text and for attribute values in double or single quotes (`&`,
 /// `<`, `>`, `"` and `'`), with the `html-escape` crate.
 #[must_use]
-pub fn html(text: &str) -> String {
+pub(crate) fn html(text: &str) -> String {
     html_escape::encode_quoted_attribute(text).into_owned()
 }
 
 /// An HTML response with the page's security headers.
 #[must_use]
-pub fn html_response(status: StatusCode, body: String) -> Response {
+pub(crate) fn html_response(status: StatusCode, body: String) -> Response {
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
     let headers = response.headers_mut();
@@ -69,7 +69,7 @@ pub fn html_response(status: StatusCode, body: String) -> Response {
 
 /// A `303 See Other` to `location`, setting `cookie` when given.
 #[must_use]
-pub fn redirect(location: &'static str, cookie: Option<&str>) -> Response {
+pub(crate) fn redirect(location: &'static str, cookie: Option<&str>) -> Response {
     let mut response = html_response(StatusCode::SEE_OTHER, String::new());
     response
         .headers_mut()
@@ -90,7 +90,7 @@ fn document(title: &str, body: &str) -> String {
 
 /// The login form (`status` 401 when the token was missing or wrong).
 #[must_use]
-pub fn login_page(status: StatusCode, message: Option<&str>) -> Response {
+pub(crate) fn login_page(status: StatusCode, message: Option<&str>) -> Response {
     let message = message
         .map(|m| format!("<p class=\"err\">{}</p>", html(m)))
         .unwrap_or_default();
@@ -269,7 +269,7 @@ async fn within<T>(
 }
 
 /// What the page is built from.
-pub struct Page<'a> {
+pub(crate) struct Page<'a> {
     /// The store to read.
     pub store: &'a dyn Store,
     /// The metrics renderer, when a recorder is installed.
@@ -284,7 +284,7 @@ pub struct Page<'a> {
 
 impl Page<'_> {
     /// Renders the page.
-    pub async fn render(&self) -> Response {
+    pub(crate) async fn render(&self) -> Response {
         let now = SystemClock.now();
         let mut body = String::from("<h1>idem admin</h1>\n");
         if self.session {

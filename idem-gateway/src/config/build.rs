@@ -27,7 +27,7 @@ use crate::store::{Backends, SettingError};
 /// The shortest admin token taken, in bytes: 16 printable characters are more than 2^100
 /// guesses, so the admin listener may always accept the right token (see
 /// [`Throttle`](crate::admin::access::Throttle)).
-pub const MIN_TOKEN_LEN: usize = 16;
+pub(super) const MIN_TOKEN_LEN: usize = 16;
 
 /// How errors name an override: the flag and its environment variable, since either may
 /// have set it.
@@ -107,7 +107,7 @@ impl Config {
     ///
     /// # Errors
     /// [`ConfigError`] naming the first setting refused.
-    pub fn build(
+    pub(crate) fn build(
         file: FileConfig,
         overrides: &Overrides,
         origin: &Origin,

@@ -13,73 +13,74 @@ use super::lint::ConfigWarning;
 use super::toml::{KeyMode, LogFormat, OnStoreError};
 use super::value::{RoutePath, ScopeSpec, StoreSpec, UpstreamUrl};
 use crate::fence::FenceHeaders;
-use crate::normal_path::NormalPath;
 
 /// The defaults, in one place (the example config repeats them).
-pub mod defaults {
+pub(crate) mod defaults {
     use std::net::{Ipv4Addr, SocketAddr};
     use std::time::Duration;
 
     /// `[server] listen`.
-    pub const LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
+    pub(crate) const LISTEN: SocketAddr =
+        SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
     /// `[server] max_header_bytes`: 64 KiB.
-    pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+    pub(crate) const MAX_HEADER_BYTES: usize = 64 * 1024;
     /// The smallest `max_header_bytes` the HTTP/1 parser takes.
-    pub const MIN_HEADER_BYTES: usize = 8 * 1024;
+    pub(crate) const MIN_HEADER_BYTES: usize = 8 * 1024;
     /// `[server] max_headers`.
-    pub const MAX_HEADERS: usize = 100;
+    pub(crate) const MAX_HEADERS: usize = 100;
     /// `[server] shutdown_grace`.
-    pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+    pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
     /// `[server] workers`: one serving thread per core the process may use.
-    pub fn workers() -> std::num::NonZeroUsize {
+    pub(crate) fn workers() -> std::num::NonZeroUsize {
         std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN)
     }
     /// The most `[server] workers`: each is a thread with its own runtime, listener and store
     /// connection, and no machine gains from more than this.
-    pub const MAX_WORKERS: usize = 1024;
+    pub(crate) const MAX_WORKERS: usize = 1024;
     /// `[upstream] connect_timeout`.
-    pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+    pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
     /// `[upstream] timeout`.
-    pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(60);
+    pub(crate) const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(60);
     /// `[upstream] pool_idle_timeout`.
-    pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+    pub(crate) const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
     /// `[upstream] pool_max_idle`.
-    pub const POOL_MAX_IDLE: usize = 256;
+    pub(crate) const POOL_MAX_IDLE: usize = 256;
     /// `[store] namespace`.
-    pub const NAMESPACE: &str = "idem";
+    pub(crate) const NAMESPACE: &str = "idem";
     /// `[store] memory_capacity`.
-    pub const MEMORY_CAPACITY: usize = 1_000_000;
+    pub(crate) const MEMORY_CAPACITY: usize = 1_000_000;
     /// `[store] memory_max_bytes`: 1 GiB.
-    pub const MEMORY_MAX_BYTES: usize = 1 << 30;
+    pub(crate) const MEMORY_MAX_BYTES: usize = 1 << 30;
     /// The smallest `[store] memory_max_bytes`: 1 MiB. Less would leave a shard's share too
     /// small for more than a few records (each is charged about 340 bytes before its key and
     /// response), and a share smaller than one record refuses every claim.
-    pub const MIN_MEMORY_MAX_BYTES: usize = 1 << 20;
+    pub(crate) const MIN_MEMORY_MAX_BYTES: usize = 1 << 20;
     /// `[admin] listen`.
-    pub const ADMIN_LISTEN: SocketAddr =
+    pub(crate) const ADMIN_LISTEN: SocketAddr =
         SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 9901);
     /// `[log] level`.
-    pub const LOG_LEVEL: &str = "info";
+    pub(crate) const LOG_LEVEL: &str = "info";
     /// `lease`.
-    pub const LEASE: Duration = Duration::from_secs(30);
+    pub(crate) const LEASE: Duration = Duration::from_secs(30);
     /// `heartbeat` (and never more than a third of the lease).
-    pub const HEARTBEAT: Duration = Duration::from_secs(10);
+    pub(crate) const HEARTBEAT: Duration = Duration::from_secs(10);
     /// `retention`.
-    pub const RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+    pub(crate) const RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
     /// `request_body_limit`: 1 MiB.
-    pub const REQUEST_BODY_LIMIT: usize = 1024 * 1024;
+    pub(crate) const REQUEST_BODY_LIMIT: usize = 1024 * 1024;
     /// `request_body_timeout`.
-    pub const REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+    pub(crate) const REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(10);
     /// `storage_cap`: 1 MiB.
-    pub const STORAGE_CAP: usize = 1024 * 1024;
+    pub(crate) const STORAGE_CAP: usize = 1024 * 1024;
     /// `header`.
-    pub const HEADER: &str = "idempotency-key";
+    pub(crate) const HEADER: &str = "idempotency-key";
 }
 
 /// Settings given on the command line or in the environment; each wins over the file.
 ///
-/// Values are the text as given: [`Config::build`] parses them with the same parsers as the
-/// file, so a bad value gives the same one-line error, naming the flag.
+/// Values are the text as given: [`from_str`](super::from_str) and [`load`](super::load) parse
+/// them with the same parsers as the file, so a bad value gives the same one-line error, naming
+/// the flag.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Overrides {
     /// `--listen` / `IDEM_LISTEN`.
@@ -115,7 +116,7 @@ pub struct Config {
     pub log: LogConfig,
     /// The routes in order, ending with the catch-all `/` route of the `[idempotency]` settings.
     pub routes: Vec<Route>,
-    /// The settings taken that are most likely mistakes (see [`super::lint`]): `check-config`
+    /// The settings taken that are most likely mistakes (see [`ConfigWarning`]): `check-config`
     /// prints them, `serve` logs them.
     pub warnings: Vec<ConfigWarning>,
 }
@@ -247,7 +248,7 @@ pub struct RouteSettings {
 
 /// Where the configuration came from, to turn byte offsets into `file:line:column`.
 #[derive(Clone, Debug, Default)]
-pub struct Origin {
+pub(crate) struct Origin {
     name: Option<String>,
     text: String,
 }
@@ -255,13 +256,13 @@ pub struct Origin {
 impl Origin {
     /// No file: only defaults and overrides.
     #[must_use]
-    pub fn none() -> Self {
+    pub(crate) fn none() -> Self {
         Origin::default()
     }
 
     /// A file named `name` (as the user wrote it) holding `text`.
     #[must_use]
-    pub fn file(name: impl Into<String>, text: impl Into<String>) -> Self {
+    pub(crate) fn file(name: impl Into<String>, text: impl Into<String>) -> Self {
         Origin {
             name: Some(name.into()),
             text: text.into(),
@@ -322,18 +323,11 @@ impl Default for RouteSettings {
 }
 
 impl Config {
-    /// The first route that covers the request path `path`, in its normal form as the gateway
-    /// matches it (the catch-all `/` route covers every path).
-    #[must_use]
-    pub fn route_for(&self, path: &NormalPath<'_>) -> Option<&Route> {
-        self.routes.iter().find(|route| route.path.matches(path))
-    }
-
     /// The upstream, or the error `serve` gives without one.
     ///
     /// # Errors
     /// [`ConfigError`] when no upstream is configured.
-    pub fn require_upstream(&self) -> Result<&UpstreamConfig, ConfigError> {
+    pub(crate) fn require_upstream(&self) -> Result<&UpstreamConfig, ConfigError> {
         self.upstream.as_ref().ok_or_else(|| {
             ConfigError::new(
                 None,
@@ -344,10 +338,10 @@ impl Config {
 }
 
 /// The name of the catch-all route, of the paths no `[[route]]` covers (`[idempotency]`).
-pub const DEFAULT_ROUTE: &str = "default";
+pub(crate) const DEFAULT_ROUTE: &str = "default";
 
 /// The address the demo and tests bind to: 127.0.0.1 on a free port.
 #[must_use]
-pub fn loopback_any_port() -> SocketAddr {
+pub(crate) fn loopback_any_port() -> SocketAddr {
     SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 0)
 }

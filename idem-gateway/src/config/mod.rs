@@ -1,11 +1,9 @@
-//! The gateway's configuration: a TOML file ([`toml`], serde types with
-//! `deny_unknown_fields`) turned into a validated [`Config`] by one function
-//! ([`Config::build`]), with the command line and the environment
-//! ([`Overrides`]) winning over the file.
+//! The gateway's configuration: a TOML file (serde types with `deny_unknown_fields`) turned
+//! into a validated [`Config`] by one function ([`from_str`], or [`load`] for a file), with the
+//! command line and the environment ([`Overrides`]) winning over the file.
 //!
 //! ```
 //! use idem_gateway::config::{self, Overrides};
-//! use idem_gateway::normal_path::NormalPath;
 //!
 //! let text = r#"
 //! [upstream]
@@ -18,12 +16,10 @@
 //! "#;
 //! let overrides = Overrides { retention: Some("2h".into()), ..Overrides::default() };
 //! let config = config::from_str("idem.toml", text, &overrides)?;
-//! let route = config.route_for(&NormalPath::new("/payments/7")?).unwrap();
+//! let route = &config.routes[0];
+//! assert_eq!(route.name, "/payments");
 //! assert_eq!(route.settings.lease.as_secs(), 60);
 //! assert_eq!(route.settings.retention.as_secs(), 7200);
-//! // Routes match the normal form of the path: another spelling is the same route.
-//! let same = config.route_for(&NormalPath::new("//x/../%70ayments/")?).unwrap();
-//! assert_eq!(same.name, route.name);
 //!
 //! // Errors are one line with the position in the file.
 //! let err = config::from_str("idem.toml", "[upstream]\ntimeout = \"3x\"\n", &overrides).unwrap_err();
@@ -35,21 +31,22 @@ use std::fmt;
 use std::path::Path;
 
 mod build;
-pub mod internal;
-pub mod lint;
+pub(crate) mod internal;
+pub(crate) mod lint;
 mod routes;
-pub mod toml;
-pub mod value;
+pub(crate) mod toml;
+pub(crate) mod value;
 
-pub use build::MIN_TOKEN_LEN;
+pub use crate::fence::FenceHeaders;
+pub(crate) use internal::Origin;
 pub use internal::{
-    AdminConfig, Config, LogConfig, Origin, Overrides, Route, RouteSettings, ServerConfig,
-    StoreConfig, UpstreamConfig,
+    AdminConfig, Config, LogConfig, Overrides, Route, RouteSettings, ServerConfig, StoreConfig,
+    UpstreamConfig,
 };
 pub use lint::ConfigWarning;
-pub use value::{
-    ByteSize, HumanDuration, ListenAddr, PathPattern, RoutePath, ScopeSpec, StoreSpec, UpstreamUrl,
-};
+pub use toml::{KeyMode, LogFormat, OnStoreError};
+pub(crate) use value::HumanDuration;
+pub use value::{PathPattern, RoutePath, ScopeSpec, StoreSpec, UpstreamUrl};
 
 /// A configuration that cannot be used: one line, naming where the bad value is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,7 +58,7 @@ pub struct ConfigError {
 impl ConfigError {
     /// An error at `location` (`file:line:column`, a flag such as `--lease`, or nothing).
     #[must_use]
-    pub fn new(location: Option<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn new(location: Option<String>, message: impl Into<String>) -> Self {
         // One line, whatever the message holds.
         let message = message
             .into()
@@ -123,5 +120,25 @@ pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config, Config
             })?;
             from_str(&name, &text, overrides)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Overrides, from_str};
+    use crate::normal_path::NormalPath;
+
+    #[test]
+    fn another_spelling_of_a_path_takes_the_same_route() {
+        let text = "[upstream]\nurl = \"http://127.0.0.1:3000\"\n[[route]]\npath = \"/payments\"\n";
+        let config = from_str("idem.toml", text, &Overrides::default()).unwrap();
+        let route_for = |path: &str| {
+            let path = NormalPath::new(path).unwrap();
+            let route = config.routes.iter().find(|route| route.path.matches(&path));
+            route.map(|route| route.name.as_str())
+        };
+        assert_eq!(route_for("/payments/7"), Some("/payments"));
+        assert_eq!(route_for("//x/../%70ayments/"), Some("/payments"));
+        assert_eq!(route_for("/other"), Some("default"));
     }
 }

@@ -13,7 +13,7 @@ use super::value::{
 /// The whole file.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct FileConfig {
+pub(crate) struct FileConfig {
     /// `[server]`: the public listener.
     pub server: ServerSection,
     /// `[upstream]`: the service behind the gateway.
@@ -34,7 +34,7 @@ pub struct FileConfig {
 /// `[server]`.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ServerSection {
+pub(crate) struct ServerSection {
     /// The public address.
     pub listen: Option<Spanned<ListenAddr>>,
     /// The largest request head (request line and headers); larger -> 431.
@@ -50,7 +50,7 @@ pub struct ServerSection {
 /// `[upstream]`.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct UpstreamSection {
+pub(crate) struct UpstreamSection {
     /// `http://HOST[:PORT]`.
     pub url: Option<UpstreamUrl>,
     /// The limit to open a connection (504 after it, the key released).
@@ -72,7 +72,7 @@ pub struct UpstreamSection {
 /// `[store]`.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct StoreSection {
+pub(crate) struct StoreSection {
     /// `memory`, `redis://...`, `postgres://...` or `redb:PATH`.
     pub url: Option<Spanned<StoreSpec>>,
     /// A prefix that separates this gateway's records from others' in a shared store.
@@ -86,7 +86,7 @@ pub struct StoreSection {
 /// `[admin]`.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct AdminSection {
+pub(crate) struct AdminSection {
     /// Whether the admin listener runs.
     pub enabled: Option<bool>,
     /// Its address.
@@ -98,7 +98,7 @@ pub struct AdminSection {
 /// `[log]`.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct LogSection {
+pub(crate) struct LogSection {
     /// `text` or `json`.
     pub format: Option<LogFormat>,
     /// A tracing filter (`info`, `idem=debug,info`); `RUST_LOG` wins over it.
@@ -143,7 +143,7 @@ pub enum OnStoreError {
 /// in the file, so an error names the line of the value.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RouteSection {
+pub(crate) struct RouteSection {
     /// A name for logs and metrics (default: the path).
     pub name: Option<String>,
     /// The path prefix or glob the route covers (routes only; required there).

@@ -38,14 +38,14 @@ macro_rules! deserialize_from_str {
 /// A duration written the human way: `30s`, `24h`, `1h 30m`, `250ms`; at most
 /// [`HumanDuration::MAX`] (100 years).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct HumanDuration(pub Duration);
+pub(crate) struct HumanDuration(pub Duration);
 
 impl HumanDuration {
     /// The longest duration a setting takes: 100 years (of 365.25 days, as humantime counts
     /// `100y`). Longer ones are typing mistakes, and no store keeps a record that long (each
     /// clamps its expiry, each somewhere else); one of about 292 billion years no longer fits
     /// the clock a deadline is counted on.
-    pub const MAX: Duration = Duration::from_secs(100 * 31_557_600);
+    pub(crate) const MAX: Duration = Duration::from_secs(100 * 31_557_600);
 }
 
 impl FromStr for HumanDuration {
@@ -76,7 +76,7 @@ impl fmt::Display for HumanDuration {
 /// `0.0.0.0:8080`; port 0 picks a free port). A host name is refused: a listener binds an
 /// address of this machine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ListenAddr(pub SocketAddr);
+pub(crate) struct ListenAddr(pub SocketAddr);
 
 impl FromStr for ListenAddr {
     type Err = String;
@@ -95,7 +95,7 @@ deserialize_from_str!(ListenAddr, "an address such as \"127.0.0.1:8080\"");
 /// A size in bytes: an integer, or text with a unit (`512`, `64KiB`, `1MiB`, `1GiB`; `kB`,
 /// `MB`, `GB` are powers of 1000).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct ByteSize(pub u64);
+pub(crate) struct ByteSize(pub u64);
 
 impl FromStr for ByteSize {
     type Err = String;
@@ -373,7 +373,7 @@ impl fmt::Display for UpstreamUrl {
 /// not `/paymentsx`) or a glob (`*` stands for any text within one segment, `**` for any number
 /// of whole segments: `/v1/*/orders/**`).
 ///
-/// A route matches the [normal form](crate::normal_path) of the request path, without its
+/// A route matches the normal form of the request path (as nginx does: see the README), without its
 /// trailing `/`; the parser puts the pattern in the same form (`//payments/` is `/payments`,
 /// `/%70ayments` is `/payments`), so a prefix written with a trailing `/` covers the bare path
 /// too, and refuses a pattern with a `..` segment, which would say another path than it shows.
@@ -475,7 +475,7 @@ fn glob(pattern: &[String], path: &[&str]) -> bool {
 impl PathPattern {
     /// Whether a request path is covered: its normal form, a trailing `/` ignored.
     #[must_use]
-    pub fn matches(&self, path: &NormalPath<'_>) -> bool {
+    pub(crate) fn matches(&self, path: &NormalPath<'_>) -> bool {
         self.matches_form(path.for_matching())
     }
 
@@ -516,7 +516,7 @@ impl RoutePath {
     /// `pattern`, matched without regard to case when `case_insensitive` (the pattern is then
     /// kept in lower case).
     #[must_use]
-    pub fn new(pattern: PathPattern, case_insensitive: bool) -> Self {
+    pub(crate) fn new(pattern: PathPattern, case_insensitive: bool) -> Self {
         let pattern = match pattern {
             PathPattern::Prefix(prefix) if case_insensitive => {
                 PathPattern::Prefix(prefix.to_ascii_lowercase())
@@ -547,7 +547,7 @@ impl RoutePath {
     /// Whether the route covers a request path (its normal form, a trailing `/` ignored, its
     /// ASCII case folded when the route says so).
     #[must_use]
-    pub fn matches(&self, path: &NormalPath<'_>) -> bool {
+    pub(crate) fn matches(&self, path: &NormalPath<'_>) -> bool {
         if self.case_insensitive {
             self.pattern
                 .matches_form(&path.for_matching().to_ascii_lowercase())
@@ -575,7 +575,7 @@ impl fmt::Display for PathPattern {
 /// An HTTP method name, as a request writes it: `POST`. Method names are case-sensitive (RFC
 /// 9110 section 9.1), so `post` is refused, with the name to write, rather than guessed.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MethodName(pub Method);
+pub(crate) struct MethodName(pub Method);
 
 impl FromStr for MethodName {
     type Err = String;

@@ -24,9 +24,9 @@ use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idem_core::Store;
-use idem_gateway::admin::RenderMetrics;
-use idem_gateway::commands::{Running, start_with_store};
+use idem_gateway::RenderMetrics;
 use idem_gateway::config::{self, Config, Overrides};
+use idem_gateway::{Running, start_with_store};
 use idem_store_memory::MemoryStore;
 
 pub mod raw_http;
@@ -318,7 +318,7 @@ pub fn metrics_recorder() -> RenderMetrics {
     static RENDER: OnceLock<RenderMetrics> = OnceLock::new();
     RENDER
         .get_or_init(|| {
-            let handle = idem_gateway::telemetry::install_prometheus().unwrap();
+            let handle = idem_gateway::install_prometheus().unwrap();
             Arc::new(move || handle.render())
         })
         .clone()

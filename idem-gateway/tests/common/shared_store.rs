@@ -101,7 +101,7 @@ pub async fn section_5_basics(store: &str) {
         fixture.addr,
         &format!("{store}\n[idempotency]\nretention = \"2m\"\n\n{route}"),
     );
-    let running = idem_gateway::commands::start(&config, None, std::future::pending())
+    let running = idem_gateway::start(&config, None, std::future::pending())
         .await
         .unwrap();
     let echo = format!("http://{}/echo", running.listen);
