@@ -61,6 +61,7 @@ pub mod fence;
 pub mod gateway;
 pub mod in_flight;
 pub mod normal_path;
+mod pool;
 pub mod proxy;
 pub mod records;
 pub mod server;
