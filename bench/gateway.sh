@@ -57,34 +57,7 @@ upstream=$(wait_line "$work/fixture.out" "")
 
 # nginx, as a reverse proxy with a keep-alive pool to the upstream (what idem does too).
 nginx_port=$(free_port)
-mkdir -p "$work/nginx"
-cat >"$work/nginx.conf" <<EOF
-worker_processes 2;
-pid $work/nginx.pid;
-error_log $work/nginx/error.log warn;
-daemon on;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $work/nginx;
-    proxy_temp_path $work/nginx;
-    fastcgi_temp_path $work/nginx;
-    uwsgi_temp_path $work/nginx;
-    scgi_temp_path $work/nginx;
-    upstream fixture { server $upstream; keepalive 256; }
-    server {
-        listen 127.0.0.1:$nginx_port;
-        location / {
-            proxy_pass http://fixture;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_set_header Host \$host;
-            proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
-            proxy_set_header X-Forwarded-Proto \$scheme;
-        }
-    }
-}
-EOF
+nginx_conf "$work" "$upstream" "$nginx_port" "worker_processes 2; daemon on;"
 "$NGINX" -c "$work/nginx.conf" -p "$work/nginx" -e "$work/nginx/error.log"
 nginx_addr="127.0.0.1:$nginx_port"
 

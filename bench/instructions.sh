@@ -6,12 +6,16 @@
 # divided by N is the cost of one cycle (set-up and tear-down cancel out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# `bench/instructions.sh gateway` counts the gateway and nginx only.
+only_gateway=false
+if [ "${1:-}" = gateway ]; then only_gateway=true; shift; fi
 cycles=${1:-100000}
 
 command -v valgrind >/dev/null || { echo "valgrind is not installed (apt-get install valgrind)" >&2; exit 1; }
+bin="${CARGO_TARGET_DIR:-target}/release/examples/instructions"
+if ! $only_gateway; then
 cargo build --quiet --release -p idem-bench --example instructions
 cargo build --quiet --release -p idem-http --example layer_instructions
-bin="${CARGO_TARGET_DIR:-target}/release/examples/instructions"
 
 count() { # count <binary> <workload> <n>
     valgrind --tool=callgrind --callgrind-out-file=/dev/null "$1" "$2" "$3" 2>&1 \
@@ -46,3 +50,60 @@ awk -v s="$layer" -v b="$bare" 'BEGIN { printf "  added by the layer      %d\n",
 replayed=$(per_cycle replay "$requests" "$(dirname "$bin")/layer_instructions")
 echo "  replay on MemoryStore   $replayed"
 awk -v s="$replayed" -v b="$bare" 'BEGIN { printf "  replay/bare handler     %.2f\n", s / b }'
+fi
+
+# The gateway (`idem serve`, one serving thread) and nginx (`master_process off; daemon off;
+# worker_processes 1`, a keep-alive pool to the upstream), each under callgrind in front of the
+# same idem-fixture --bare (not counted), driven by bench/examples/proxy_load.rs: POST /echo
+# with a 32-byte body over one keep-alive connection, one request after the other. Each figure
+# is the server's instructions (every thread) from callgrind's counters zeroed after a warm-up
+# to their dump after N more requests, divided by N (bench/callgrind_per_request.py).
+# `IDEM=path/to/idem bench/instructions.sh gateway` counts another build of the gateway.
+proxy_requests=${PROXY_REQUESTS:-2000}
+. bench/lib.sh
+install_missing nginx
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+# BUILD=no: the binaries built already.
+[ "${BUILD:-yes}" = no ] || cargo build --quiet --release -p idem-fixture -p idem-gateway -p idem-bench --example proxy_load
+release="$(dirname "$(dirname "$bin")")"
+idem=${IDEM:-$release/idem}
+load="$release/examples/proxy_load"
+work=$(mktemp -d)
+"$release/idem-fixture" --bare --listen 127.0.0.1:0 >"$work/fixture.out" 2>&1 &
+fixture_pid=$!
+trap 'kill $fixture_pid 2>/dev/null || true; rm -rf "$work"' EXIT
+upstream=$(wait_line "$work/fixture.out" "")
+printf '[server]\nworkers = 1\n' >"$work/memory.toml"
+printf '[server]\nworkers = 1\n[idempotency]\nenabled = false\n' >"$work/plain.toml"
+
+per_request() { # per_request <unique|replay> <listen> <top> <command>...
+    local mode=$1 listen=$2 top=$3
+    shift 3
+    python3 bench/callgrind_per_request.py --load "$load" --addr "$listen" --mode "$mode" \
+        --requests "$proxy_requests" --top "$top" -- "$@"
+}
+gateway() { # gateway <unique|replay> <config> <top>
+    local listen
+    listen="127.0.0.1:$(free_port)"
+    RUST_LOG=warn per_request "$1" "$listen" "$3" "$idem" serve --config "$work/$2.toml" \
+        --upstream "http://$upstream" --listen "$listen" --admin-listen 127.0.0.1:0 --store memory
+}
+nginx_port=$(free_port)
+nginx_conf "$work" "$upstream" "$nginx_port" "master_process off; daemon off; worker_processes 1;"
+
+top=${TOP:-15}
+echo "instructions per proxied request ($proxy_requests requests after a warm-up, one keep-alive connection, the server under callgrind):"
+nginx=$(per_request unique "127.0.0.1:$nginx_port" 0 "$NGINX" -c "$work/nginx.conf" -p "$work/nginx" -e "$work/nginx/error.log")
+echo "  nginx proxy_pass                   $nginx"
+gateway unique plain "$top" >"$work/plain.out"
+plain=$(head -1 "$work/plain.out")
+echo "  idem serve, idempotency off        $plain"
+first=$(gateway unique memory 0)
+echo "  idem serve, memory, first runs     $first"
+replay=$(gateway replay memory 0)
+echo "  idem serve, memory, replays        $replay"
+awk -v p="$plain" -v f="$first" -v r="$replay" -v n="$nginx" 'BEGIN {
+    printf "  x nginx: proxy alone %.2f, first runs %.2f, replays %.2f\n", p / n, f / n, r / n
+    printf "  added by idempotency to a first run: %d; a replay (no upstream call): %.2f of the proxy alone\n", f - p, r / p }'
+echo "the proxy alone, its $top costliest functions (instructions per request, self):"
+tail -n +2 "$work/plain.out"

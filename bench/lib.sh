@@ -85,3 +85,39 @@ stop_private_redis() {
         wait "$private_redis_pid" 2>/dev/null || true
     fi
 }
+
+# nginx_conf <work dir> <upstream HOST:PORT> <listen port> <main directives>: writes
+# <work dir>/nginx.conf, nginx as a reverse proxy to the upstream with a keep-alive pool (what
+# idem does too; keepalive_requests high both ways, so no connection is closed mid-run), its
+# pid, logs and temporary files under <work dir>.
+nginx_conf() {
+    local work=$1 upstream=$2 port=$3 main=$4
+    mkdir -p "$work/nginx"
+    cat >"$work/nginx.conf" <<EOF
+$main
+pid $work/nginx.pid;
+error_log $work/nginx/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $work/nginx;
+    proxy_temp_path $work/nginx;
+    fastcgi_temp_path $work/nginx;
+    uwsgi_temp_path $work/nginx;
+    scgi_temp_path $work/nginx;
+    keepalive_requests 1000000;
+    upstream fixture { server $upstream; keepalive 256; keepalive_requests 1000000; }
+    server {
+        listen 127.0.0.1:$port;
+        location / {
+            proxy_pass http://fixture;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host \$host;
+            proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Proto \$scheme;
+        }
+    }
+}
+EOF
+}

@@ -92,6 +92,15 @@ pub(crate) struct SettledTrailers<B> {
 }
 
 impl<B> SettledTrailers<B> {
+    /// `body`, its trailers stripped of connection and framing fields.
+    #[cfg(test)]
+    pub(crate) fn new(body: B) -> Self {
+        SettledTrailers {
+            body,
+            announced: None,
+        }
+    }
+
     /// `body`, its trailers stripped, and only the fields in `announced` kept: an HTTP/1.1
     /// server sends only the trailers its `Trailer` header announces, so an HTTP/2 client, an
     /// HTTP/1.1 client and a replay all get the same ones.

@@ -57,6 +57,7 @@ mod fence;
 mod gateway;
 mod in_flight;
 mod normal_path;
+mod pool;
 mod proxy;
 mod records;
 mod server;

@@ -1,5 +1,6 @@
 //! [`Proxy`]: the service at the bottom of every route. It forwards a request to the upstream
-//! over a pooled keep-alive client (bodies streamed both ways), strips hop-by-hop headers (and
+//! over a keep-alive HTTP/1.1 connection of the serving thread's own pool (bodies streamed
+//! both ways; no lock, no task per request: see the crate's `pool` module), strips hop-by-hop headers (and
 //! hop-by-hop and framing fields from the trailers, both ways), removes the upstream's own
 //! replay headers, sets `X-Forwarded-For`, `-Proto` and `-Host`, keeps `Host`, and bounds the
 //! wait for the upstream's answer.
@@ -12,13 +13,14 @@
 //! breaks before its first frame, and a 101 (the gateway carries no protocol switch), are an
 //! `Err` as well: the head is passed on only once the first frame (or the end) has come.
 
+use std::cell::RefCell;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -26,9 +28,6 @@ use http::{Request, Response, StatusCode, Uri};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use idem_core::BoxError;
 use idem_http::fields::{clean_trailer_header, remove_connection_fields, remove_idem_fields};
 use metrics::Counter;
@@ -38,6 +37,7 @@ use tower_service::Service;
 use crate::body::{Guarded, RequestBody, SettledTrailers};
 use crate::config::UpstreamConfig;
 use crate::gateway::metric;
+use crate::pool::{ConnectError, Pool, Sender, UpstreamRequestBody};
 
 /// The body of an upstream response. It holds its in-flight guard until it ends, and when the
 /// upstream breaks it off (a connection closed before the `Content-Length` it announced, a
@@ -52,6 +52,9 @@ pub(crate) struct UpstreamBody {
     first: Option<Frame<Bytes>>,
     /// The body ended while its first frame was read.
     ended: bool,
+    /// The connection, until the body has ended (then it goes back to the pool) or is dropped
+    /// (then it is closed: the rest of the response is never read).
+    conn: Option<Sender>,
     shared: Arc<ProxyShared>,
 }
 
@@ -70,15 +73,28 @@ impl UpstreamBody {
     /// its first byte gets the client a 502 rather than a head with nothing after it. The error
     /// is returned, neither counted nor logged: the caller answers it as a [`ProxyError`].
     async fn read_first(&mut self) -> Result<(), hyper::Error> {
-        if self.body.is_end_stream() {
-            return Ok(());
+        if !self.body.is_end_stream() {
+            match self.body.frame().await {
+                Some(Ok(frame)) => self.first = Some(frame),
+                Some(Err(error)) => {
+                    self.conn = None;
+                    return Err(error);
+                }
+                None => self.ended = true,
+            }
         }
-        match self.body.frame().await {
-            Some(Ok(frame)) => self.first = Some(frame),
-            Some(Err(error)) => return Err(error),
-            None => self.ended = true,
-        }
+        self.give_back_at_end();
         Ok(())
+    }
+
+    /// Gives the connection back to the pool once the upstream's response has ended (hyper's
+    /// server stops polling a body that says it has ended, so the end is not always a `None`).
+    fn give_back_at_end(&mut self) {
+        if self.ended || self.body.is_end_stream() {
+            if let Some(sender) = self.conn.take() {
+                self.shared.pool.put(sender);
+            }
+        }
     }
 }
 
@@ -98,8 +114,17 @@ impl Body for UpstreamBody {
             return Poll::Ready(None);
         }
         let polled = Pin::new(&mut this.body).poll_frame(cx);
-        if let Poll::Ready(Some(Err(error))) = &polled {
-            this.broke(error);
+        match &polled {
+            Poll::Ready(Some(Err(error))) => {
+                this.conn = None;
+                this.broke(error);
+            }
+            Poll::Ready(None) => {
+                this.ended = true;
+                this.give_back_at_end();
+            }
+            Poll::Ready(Some(Ok(_))) => this.give_back_at_end(),
+            Poll::Pending => {}
         }
         polled
     }
@@ -361,8 +386,10 @@ pub(crate) struct Proxy {
 
 #[derive(Debug)]
 struct ProxyShared {
-    client: Client<HttpConnector, SettledTrailers<RequestBody>>,
+    pool: Pool,
     upstream: UpstreamConfig,
+    /// The upstream's authority, the `Host` of a request that has none.
+    host: HeaderValue,
     name: String,
     tracker: Tracker,
     /// `idem_gateway_upstream_errors_total{kind="failed"}`, for broken response bodies.
@@ -411,25 +438,30 @@ fn keep_unsized_body(request: &mut Request<RequestBody>) {
 /// has none).
 fn forwarded_headers(request: &mut Request<RequestBody>) {
     let client = request.extensions().get::<ClientAddr>().copied();
-    let authority = request.uri().authority().map(|a| a.as_str().to_owned());
-    let headers = request.headers_mut();
-    if !headers.contains_key(header::HOST) {
-        if let Some(value) = authority.and_then(|a| HeaderValue::from_str(&a).ok()) {
-            headers.insert(header::HOST, value);
+    if !request.headers().contains_key(header::HOST) {
+        let authority = request.uri().authority().map(http::uri::Authority::as_str);
+        if let Some(value) = authority.and_then(|a| HeaderValue::from_str(a).ok()) {
+            request.headers_mut().insert(header::HOST, value);
         }
     }
+    let headers = request.headers_mut();
     if let Some(ClientAddr(addr)) = client {
-        // Every field line the client sent, in order (a list may be split over several lines,
-        // RFC 9110 section 5.3), then the client's own address.
-        let mut value = String::new();
-        for earlier in headers.get_all(&X_FORWARDED_FOR) {
-            if let Ok(earlier) = earlier.to_str() {
-                value.push_str(earlier);
-                value.push_str(", ");
+        let value = if headers.contains_key(&X_FORWARDED_FOR) {
+            // Every field line the client sent, in order (a list may be split over several
+            // lines, RFC 9110 section 5.3), then the client's own address.
+            let mut value = String::new();
+            for earlier in headers.get_all(&X_FORWARDED_FOR) {
+                if let Ok(earlier) = earlier.to_str() {
+                    value.push_str(earlier);
+                    value.push_str(", ");
+                }
             }
-        }
-        value.push_str(&addr.ip().to_string());
-        if let Ok(value) = HeaderValue::from_str(&value) {
+            value.push_str(&addr.ip().to_string());
+            HeaderValue::from_str(&value).ok()
+        } else {
+            Some(address_value(addr.ip()))
+        };
+        if let Some(value) = value {
             headers.insert(X_FORWARDED_FOR, value);
         }
     }
@@ -439,19 +471,28 @@ fn forwarded_headers(request: &mut Request<RequestBody>) {
     }
 }
 
-/// Whether the error chain holds an I/O timeout (a connect timeout of the connector).
-fn is_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut current = Some(error);
-    while let Some(err) = current {
-        if err
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
-        {
-            return true;
-        }
-        current = err.source();
+/// `ip` as a header value. The value of the address the serving thread saw last is kept and
+/// shared (a clone of a `HeaderValue` is a reference count): a connection's requests, and a
+/// few clients behind a load balancer, format and allocate it once.
+fn address_value(ip: IpAddr) -> HeaderValue {
+    thread_local! {
+        static LAST: RefCell<Option<(IpAddr, HeaderValue)>> = const { RefCell::new(None) };
     }
-    false
+    LAST.with_borrow_mut(|last| match last {
+        Some((seen, value)) if *seen == ip => value.clone(),
+        _ => {
+            let value = HeaderValue::from_str(&ip.to_string())
+                .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+            *last = Some((ip, value.clone()));
+            value
+        }
+    })
+}
+
+/// The latest instant a deadline `limit` after `start` may be: `Instant + Duration` panics
+/// past the clock's range, and a wait of a year is forever.
+fn deadline(start: Instant, limit: Duration) -> tokio::time::Instant {
+    tokio::time::Instant::from_std(start) + limit.min(Duration::from_secs(365 * 24 * 60 * 60))
 }
 
 impl Proxy {
@@ -465,17 +506,12 @@ impl Proxy {
     /// now: install the recorder before.
     #[must_use]
     pub(crate) fn new(upstream: &UpstreamConfig, tracker: Tracker) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(upstream.connect_timeout));
-        connector.set_nodelay(true);
-        connector.set_keepalive(Some(Duration::from_secs(60)));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(upstream.pool_idle_timeout)
-            .pool_max_idle_per_host(upstream.pool_max_idle)
-            .build(connector);
+        let authority = upstream.url.authority.as_str();
         Proxy {
             shared: Arc::new(ProxyShared {
-                client,
+                pool: Pool::new(upstream),
+                host: HeaderValue::from_str(authority)
+                    .unwrap_or_else(|_| HeaderValue::from_static("localhost")),
                 upstream: upstream.clone(),
                 name: upstream.url.to_string(),
                 tracker,
@@ -501,22 +537,23 @@ impl Proxy {
     ) -> Result<Response<UpstreamBody>, ProxyError> {
         let shared = &self.shared;
         let guard = shared.tracker.enter();
-        let started = tokio::time::Instant::now();
-        let request = self.upstream_request(request)?;
+        let started = Instant::now();
+        let request = self.upstream_request(request);
         let after = shared.upstream.timeout;
-        let exchange = tokio::time::timeout(after, shared.client.request(request));
-        let result = tokio::select! {
-            result = exchange => result,
-            () = shared.tracker.aborted() => return Err(ProxyError::ShuttingDown),
-        };
-        let response = match result {
-            Err(_elapsed) => {
+        // One timer and one shutdown watch for the head and the first frame: the first frame
+        // is waited for until the head's deadline.
+        let mut expired = std::pin::pin!(tokio::time::sleep_until(deadline(started, after)));
+        let mut aborted = std::pin::pin!(shared.tracker.aborted());
+        let (response, sender) = tokio::select! {
+            biased;
+            result = self.exchange(request, started) => result?,
+            () = &mut expired => {
                 return Err(ProxyError::Timeout {
                     upstream: shared.name.clone(),
                     after,
                 });
             }
-            Ok(result) => result.map_err(|err| self.client_error(err))?,
+            () = &mut aborted => return Err(ProxyError::ShuttingDown),
         };
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
             return Err(ProxyError::SwitchedProtocols {
@@ -530,15 +567,17 @@ impl Proxy {
             body: Guarded::new(SettledTrailers::announced(body, announced), guard),
             first: None,
             ended: false,
+            conn: Some(sender),
             shared: self.shared.clone(),
         };
-        let left = after.saturating_sub(started.elapsed());
-        let first = tokio::time::timeout(left, body.read_first());
         let first = tokio::select! {
-            first = first => first,
-            () = shared.tracker.aborted() => return Err(ProxyError::ShuttingDown),
+            biased;
+            first = body.read_first() => first,
+            // Past the deadline, the first frame is streamed after the head as it comes.
+            () = &mut expired => Ok(()),
+            () = &mut aborted => return Err(ProxyError::ShuttingDown),
         };
-        if let Ok(Err(err)) = first {
+        if let Err(err) = first {
             return Err(ProxyError::Failed {
                 upstream: shared.name.clone(),
                 source: error_chain(&err).into(),
@@ -547,12 +586,39 @@ impl Proxy {
         Ok(Response::from_parts(parts, body))
     }
 
+    /// Sends `request` on a connection of the pool (or a new one) and waits for the response
+    /// head. A request that a connection taken from the pool returns unsent (it was closed in
+    /// the meantime) goes on another one.
+    async fn exchange(
+        &self,
+        mut request: Request<UpstreamRequestBody>,
+        now: Instant,
+    ) -> Result<(Response<Incoming>, Sender), ProxyError> {
+        loop {
+            let mut conn = self
+                .shared
+                .pool
+                .checkout(now)
+                .await
+                .map_err(|err| self.connect_error(err))?;
+            match conn.sender.try_send_request(request).await {
+                Ok(response) => return Ok((response, conn.sender)),
+                Err(mut err) => match err.take_message() {
+                    Some(unsent) if conn.reused => request = unsent,
+                    _ => {
+                        return Err(ProxyError::Failed {
+                            upstream: self.shared.name.clone(),
+                            source: err.into_error().into(),
+                        });
+                    }
+                },
+            }
+        }
+    }
+
     /// The request as the upstream gets it: hop-by-hop headers removed (from its trailers
     /// too), forwarded headers set, `TE: trailers`, the upstream's URI, HTTP/1.1.
-    fn upstream_request(
-        &self,
-        mut request: Request<RequestBody>,
-    ) -> Result<Request<SettledTrailers<RequestBody>>, ProxyError> {
+    fn upstream_request(&self, mut request: Request<RequestBody>) -> Request<UpstreamRequestBody> {
         let shared = &self.shared;
         // Hop-by-hop headers go first: the forwarded headers the gateway sets are its own, and
         // a client naming them in `Connection` only drops the values it sent.
@@ -567,43 +633,44 @@ impl Proxy {
             .headers_mut()
             .insert(header::TE, HeaderValue::from_static("trailers"));
         keep_unsized_body(&mut request);
-        let path = request
-            .uri()
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
-        let uri = Uri::builder()
-            .scheme(shared.upstream.url.scheme.clone())
-            .authority(shared.upstream.url.authority.clone())
-            .path_and_query(path)
-            .build()
-            .map_err(|err| ProxyError::Failed {
-                upstream: shared.name.clone(),
-                source: err.into(),
-            })?;
-        *request.uri_mut() = uri;
+        if !request.headers().contains_key(header::HOST) {
+            // An HTTP/1.0 request without one: the upstream's own name.
+            request
+                .headers_mut()
+                .insert(header::HOST, shared.host.clone());
+        }
+        // The origin form (`/path?query`), which an HTTP/1.1 request to a server carries: a
+        // request that came in it (every HTTP/1.1 one but the absolute form) keeps its URI.
+        if request.uri().scheme().is_some() || request.uri().authority().is_some() {
+            let path = request
+                .uri()
+                .path_and_query()
+                .cloned()
+                .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+            *request.uri_mut() = Uri::from(path);
+        }
         *request.version_mut() = http::Version::HTTP_11;
-        Ok(request.map(|body| SettledTrailers::announced(body, announced)))
+        request.map(|body| SettledTrailers::announced(body, announced))
     }
 
-    /// The [`ProxyError`] of a failed client exchange.
-    fn client_error(&self, err: hyper_util::client::legacy::Error) -> ProxyError {
+    /// The [`ProxyError`] of a connection that could not be made.
+    fn connect_error(&self, err: ConnectError) -> ProxyError {
         let upstream = self.shared.name.clone();
-        if err.is_connect() && is_timeout(&err) {
-            ProxyError::ConnectTimeout {
+        match err {
+            ConnectError::Timeout => ProxyError::ConnectTimeout {
                 upstream,
                 after: self.shared.upstream.connect_timeout,
+            },
+            ConnectError::Io(io) if io.kind() == std::io::ErrorKind::TimedOut => {
+                ProxyError::ConnectTimeout {
+                    upstream,
+                    after: self.shared.upstream.connect_timeout,
+                }
             }
-        } else if err.is_connect() {
-            ProxyError::Unreachable {
+            err => ProxyError::Unreachable {
                 upstream,
                 source: err.into(),
-            }
-        } else {
-            ProxyError::Failed {
-                upstream,
-                source: err.into(),
-            }
+            },
         }
     }
 }
