@@ -76,27 +76,18 @@ pub(crate) struct Conn {
 }
 
 /// Why no connection was made.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub(crate) enum ConnectError {
     /// Not within `connect_timeout`.
+    #[error("connect timed out")]
     Timeout,
     /// Refused, unreachable, or a name that does not resolve.
+    #[error("tcp connect error: {0}")]
     Io(io::Error),
     /// The HTTP/1 handshake failed.
+    #[error("handshake error: {0}")]
     Handshake(hyper::Error),
 }
-
-impl std::fmt::Display for ConnectError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ConnectError::Timeout => f.write_str("connect timed out"),
-            ConnectError::Io(err) => write!(f, "tcp connect error: {err}"),
-            ConnectError::Handshake(err) => write!(f, "handshake error: {err}"),
-        }
-    }
-}
-
-impl std::error::Error for ConnectError {}
 
 impl Pool {
     /// The connections to `upstream`.
