@@ -58,11 +58,13 @@ impl FenceHeaders {
             .get::<IdempotencyContext>()
             .map(|ctx| (ctx.fence().get(), ctx.attempt()));
         let headers = request.headers_mut();
-        headers.remove(&self.fence);
-        headers.remove(&self.attempt);
         if let (true, Some((fence, attempt))) = (self.enabled, claim) {
+            // `insert` drops every value the client sent under the name.
             headers.insert(self.fence.clone(), HeaderValue::from(fence));
             headers.insert(self.attempt.clone(), HeaderValue::from(attempt));
+        } else {
+            headers.remove(&self.fence);
+            headers.remove(&self.attempt);
         }
     }
 }

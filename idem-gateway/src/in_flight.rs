@@ -23,6 +23,7 @@
 //! well still be in flight in the store.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry as Slot;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -66,12 +67,16 @@ pub(crate) struct InFlightCount {
     pub oldest: Duration,
 }
 
+/// The claims in flight by key, hashed by foldhash (a keyed hash, seeded per process, that
+/// hashes a key several times faster than std's SipHash: the index is on every request's path).
+type Entries = HashMap<RecordKey, Entry, foldhash::quality::RandomState>;
+
 /// The claims this gateway holds in flight, by key. Updated by [`Watched`] on each transition
 /// (a lock held for one map operation); read by a scrape, which walks only these entries.
 #[derive(Debug)]
 pub(crate) struct InFlightIndex {
     clock: Arc<dyn Clock>,
-    entries: Mutex<HashMap<RecordKey, Entry>>,
+    entries: Mutex<Entries>,
 }
 
 impl Default for InFlightIndex {
@@ -92,11 +97,11 @@ impl InFlightIndex {
     pub(crate) fn with_clock(clock: impl Clock + 'static) -> Self {
         InFlightIndex {
             clock: Arc::new(clock),
-            entries: Mutex::new(HashMap::new()),
+            entries: Mutex::new(Entries::default()),
         }
     }
 
-    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<RecordKey, Entry>> {
+    fn entries(&self) -> std::sync::MutexGuard<'_, Entries> {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -104,24 +109,27 @@ impl InFlightIndex {
     /// claim.
     fn claimed(&self, lease: &Lease, lease_len: Duration, taken_over: bool) {
         let now = self.clock.now();
-        let mut entries = self.entries();
-        let since = match entries.get(&lease.key) {
-            // The same grant answered again (a claim re-sent after a lost reply).
-            Some(entry) if entry.held_by(lease) => entry.since,
-            // This gateway's own lapsed claim, taken over: the record is as old as the first.
-            Some(entry) if taken_over => entry.since,
-            _ => now,
+        let mut entry = Entry {
+            owner: lease.owner,
+            fence: lease.fence,
+            since: now,
+            lease_until: lease.until,
+            expires_at: lease.until.saturating_add(lease_len),
         };
-        entries.insert(
-            lease.key.clone(),
-            Entry {
-                owner: lease.owner,
-                fence: lease.fence,
-                since,
-                lease_until: lease.until,
-                expires_at: lease.until.saturating_add(lease_len),
-            },
-        );
+        match self.entries().entry(lease.key.clone()) {
+            Slot::Vacant(slot) => {
+                slot.insert(entry);
+            }
+            Slot::Occupied(mut slot) => {
+                let held = slot.get();
+                // The same grant answered again (a claim re-sent after a lost reply), or this
+                // gateway's own lapsed claim taken over: the record is as old as the first.
+                if held.held_by(lease) || taken_over {
+                    entry.since = held.since;
+                }
+                slot.insert(entry);
+            }
+        }
     }
 
     /// A heartbeat extended `lease` by `extend`.
@@ -137,11 +145,12 @@ impl InFlightIndex {
     /// `lease` is no longer in flight: settled, or refused by the store.
     fn settled(&self, lease: &Lease) {
         let mut entries = self.entries();
-        if entries
-            .get(&lease.key)
-            .is_some_and(|entry| entry.held_by(lease))
+        // One lookup on the path every request takes; put back in the rare case that another
+        // attempt holds the key now.
+        if let Some((key, entry)) = entries.remove_entry(&lease.key)
+            && !entry.held_by(lease)
         {
-            entries.remove(&lease.key);
+            entries.insert(key, entry);
         }
     }
 

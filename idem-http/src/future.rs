@@ -14,10 +14,9 @@ use crate::body::ResponseBody;
 use crate::detach::Detached;
 use crate::fields;
 use crate::layer::Shared;
-use crate::metrics;
 use crate::outcome::Outcome;
 use crate::rejection::Rejection;
-use crate::service::{Reply, counted, reject};
+use crate::service::{Reply, reject};
 
 pin_project! {
     /// The response future of [`crate::Idempotency`].
@@ -31,7 +30,7 @@ pin_project! {
     #[project = KindProj]
     enum Kind<F, B, E> {
         // A request the layer does not handle: the inner future, untouched.
-        Bypass { #[pin] future: F },
+        Bypass { #[pin] future: F, shared: Arc<Shared> },
         // An answer known at once (a rejection).
         Ready { response: Option<Response<ResponseBody<B>>> },
         // A request the layer handles: its work (polled here, detached if this future is
@@ -58,9 +57,9 @@ impl<F, B, E> fmt::Debug for ResponseFuture<F, B, E> {
 }
 
 impl<F, B, E> ResponseFuture<F, B, E> {
-    pub(crate) fn bypass(future: F) -> Self {
+    pub(crate) fn bypass(future: F, shared: Arc<Shared>) -> Self {
         ResponseFuture {
-            kind: Kind::Bypass { future },
+            kind: Kind::Bypass { future, shared },
         }
     }
 
@@ -102,11 +101,11 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
-            KindProj::Bypass { future } => {
+            KindProj::Bypass { future, shared } => {
                 // Counted whatever the inner service answers: a request that ends in its
                 // error (a gateway's upstream down) passed through all the same.
                 let result = ready!(future.poll(cx));
-                metrics::request(Outcome::Bypassed);
+                shared.metrics.request(Outcome::Bypassed);
                 let mut response = result?.map(ResponseBody::inner);
                 // Only idem marks a replay, also where it does not handle the request.
                 fields::remove_idem_fields(response.headers_mut());
@@ -135,18 +134,20 @@ where
                         if response.extensions().get::<Outcome>().is_none() {
                             response.extensions_mut().insert(Outcome::Executed);
                         }
-                        Ok(counted(response))
+                        Ok(shared.metrics.counted(response))
                     }
                     // The handler's error (a gateway's upstream down or too slow) is still a
                     // request that ran under the key (its claim was released): counted as
                     // executed, as a handler that panicked is.
                     Ok(Err(error)) => {
-                        metrics::request(Outcome::Executed);
+                        shared.metrics.request(Outcome::Executed);
                         Err(error)
                     }
                     // The work ended without answering: the handler panicked (its claim was
                     // released).
-                    Err(_) => Ok(counted(reject(shared, Rejection::HandlerFailed))),
+                    Err(_) => Ok(shared
+                        .metrics
+                        .counted(reject(shared, Rejection::HandlerFailed))),
                 })
             }
         }

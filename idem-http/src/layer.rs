@@ -8,6 +8,7 @@ use idem_lease::{KeeperConfig, Metered};
 use tower_layer::Layer;
 
 use crate::config::Config;
+use crate::metrics::LayerMetrics;
 use crate::recent::RecentDurations;
 use crate::service::Idempotency;
 
@@ -20,6 +21,8 @@ pub(crate) struct Shared {
     pub(crate) keeper: Arc<KeeperConfig>,
     /// How long requests held their key lately: the `Retry-After` of a 409.
     pub(crate) durations: RecentDurations,
+    /// The counters of every request.
+    pub(crate) metrics: LayerMetrics,
 }
 
 impl Shared {
@@ -33,6 +36,7 @@ impl Shared {
             config,
             keeper: Arc::new(keeper),
             durations: RecentDurations::default(),
+            metrics: LayerMetrics::new(),
         }
     }
 }

@@ -19,11 +19,12 @@
 //! [`Metered`](idem_lease::Metered), and the lease losses from its
 //! [`LeaseKeeper`](idem_lease::LeaseKeeper): the job guard reports both with the same labels.
 
+use http::Response;
 pub use idem_core::metrics::{
     CLAIMS_ACQUIRED, COLLISIONS, FAILURES, LEASE_LOSSES, MISMATCHES, REPLAYS, STORE_ERRORS,
     STORE_SECONDS, TAKEOVERS,
 };
-use idem_lease::StoreOp;
+use idem_lease::{BoundCounter, StoreOp};
 use metrics::{Key, Level, Metadata};
 
 use crate::outcome::Outcome;
@@ -85,8 +86,41 @@ fn request_key(outcome: Outcome) -> &'static Key {
     }
 }
 
-pub(crate) fn request(outcome: Outcome) {
-    increment(request_key(outcome));
+/// The counters a layer bumps on every request, each with its handle in the recorder in use
+/// (idem-lease's [`BoundCounter`]): one layer's, so a test's local recorder sees its own.
+#[derive(Debug)]
+pub(crate) struct LayerMetrics {
+    /// `idem_http_requests_total` by outcome, in the order of [`Outcome::ALL`].
+    requests: [BoundCounter; Outcome::ALL.len()],
+    pub(crate) claims_acquired: BoundCounter,
+    pub(crate) replays: BoundCounter,
+    pub(crate) collisions: BoundCounter,
+    pub(crate) mismatches: BoundCounter,
+}
+
+impl LayerMetrics {
+    pub(crate) fn new() -> Self {
+        let bound = |key: &Key| BoundCounter::new(key.clone());
+        LayerMetrics {
+            requests: Outcome::ALL.map(|outcome| bound(request_key(outcome))),
+            claims_acquired: bound(key!(CLAIMS_ACQUIRED)),
+            replays: bound(key!(REPLAYS)),
+            collisions: bound(key!(COLLISIONS)),
+            mismatches: bound(key!(MISMATCHES)),
+        }
+    }
+
+    /// Counts a response by its outcome on its way out.
+    pub(crate) fn counted<B>(&self, response: Response<B>) -> Response<B> {
+        if let Some(outcome) = response.extensions().get::<Outcome>() {
+            self.request(*outcome);
+        }
+        response
+    }
+
+    pub(crate) fn request(&self, outcome: Outcome) {
+        self.requests[outcome as usize].increment(1);
+    }
 }
 
 pub(crate) fn failure(kind: &'static str) {
@@ -99,8 +133,13 @@ mod tests {
 
     #[test]
     fn each_outcome_counts_under_its_own_label() {
-        for outcome in Outcome::ALL {
-            let key = request_key(outcome);
+        let metrics = LayerMetrics::new();
+        for (at, outcome) in Outcome::ALL.into_iter().enumerate() {
+            assert_eq!(
+                outcome as usize, at,
+                "Outcome::ALL is in the order of the variants"
+            );
+            let key = metrics.requests[outcome as usize].key();
             assert_eq!(key.name(), REQUESTS);
             let labels: Vec<_> = key.labels().map(|l| (l.key(), l.value())).collect();
             assert_eq!(labels, [("outcome", outcome.as_str())]);

@@ -122,27 +122,35 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let config = &self.shared.config;
         if !config.covers(request.method()) {
-            return ResponseFuture::bypass(self.inner.call(request));
+            return ResponseFuture::bypass(self.inner.call(request), self.shared.clone());
         }
         let key = match parse_header(request.headers(), &config.header_name, config.strict) {
             Ok(Some(key)) => key,
             Ok(None) if config.key_policy == KeyPolicy::Optional => {
-                return ResponseFuture::bypass(self.inner.call(request));
+                return ResponseFuture::bypass(self.inner.call(request), self.shared.clone());
             }
             Ok(None) => {
                 let header = config.header_name.clone();
                 let rejection = Rejection::MissingKey { header };
-                return ResponseFuture::ready(counted(reject(&self.shared, rejection)));
+                return ResponseFuture::ready(
+                    self.shared.metrics.counted(reject(&self.shared, rejection)),
+                );
             }
             Err(error) => {
                 let header = config.header_name.clone();
                 let rejection = Rejection::InvalidKey { header, error };
-                return ResponseFuture::ready(counted(reject(&self.shared, rejection)));
+                return ResponseFuture::ready(
+                    self.shared.metrics.counted(reject(&self.shared, rejection)),
+                );
             }
         };
         let (parts, body) = request.into_parts();
         let Ok(scope) = config.scope_of(&parts) else {
-            return ResponseFuture::ready(counted(reject(&self.shared, Rejection::InvalidScope)));
+            return ResponseFuture::ready(
+                self.shared
+                    .metrics
+                    .counted(reject(&self.shared, Rejection::InvalidScope)),
+            );
         };
         // Take the service that was driven to readiness; leave a clone in its place.
         let clone = self.inner.clone();
@@ -163,14 +171,6 @@ where
         )));
         ResponseFuture::managed(work, answer, self.shared.clone())
     }
-}
-
-/// Counts a response by its outcome on its way out.
-pub(crate) fn counted<B>(response: Response<B>) -> Response<B> {
-    if let Some(outcome) = response.extensions().get::<Outcome>() {
-        metrics::request(*outcome);
-    }
-    response
 }
 
 /// The response for `rejection`, with its outcome and `Retry-After`.
@@ -249,7 +249,7 @@ async fn process<S, ReqBody, ResBody>(
         match answer {
             Ok(ClaimOutcome::Acquired { lease, taken_over }) => {
                 let request = Request::from_parts(parts, ReqBody::from(bytes));
-                let request = acquired(config, request, &lease, taken_over);
+                let request = acquired(&shared, request, &lease, taken_over);
                 drive(inner, shared.clone(), request, lease, reply).await;
                 return;
             }
@@ -262,17 +262,17 @@ async fn process<S, ReqBody, ResBody>(
                         continue;
                     }
                 }
-                metrics::increment(metrics::key!(metrics::COLLISIONS));
+                shared.metrics.collisions.increment(1);
                 let retry_after = shared.durations.retry_after(config.lease, retry_after);
                 break Ok(reject(&shared, Rejection::InFlight { retry_after }));
             }
             Ok(ClaimOutcome::Completed(record)) => {
-                metrics::increment(metrics::key!(metrics::REPLAYS));
+                shared.metrics.replays.increment(1);
                 break Ok(replay(&shared, &record));
             }
             Ok(ClaimOutcome::Failed(_)) => break Ok(reject(&shared, Rejection::FailedPermanently)),
             Ok(ClaimOutcome::Mismatch) => {
-                metrics::increment(metrics::key!(metrics::MISMATCHES));
+                shared.metrics.mismatches.increment(1);
                 break Ok(reject(&shared, Rejection::Mismatch));
             }
             Err(error) => {
@@ -306,12 +306,13 @@ async fn process<S, ReqBody, ResBody>(
 
 /// Counts a granted claim and hands its request the [`IdempotencyContext`] of its lease.
 fn acquired<B>(
-    config: &Config,
+    shared: &Shared,
     mut request: Request<B>,
     lease: &Lease,
     taken_over: bool,
 ) -> Request<B> {
-    metrics::increment(metrics::key!(metrics::CLAIMS_ACQUIRED));
+    let config = &shared.config;
+    shared.metrics.claims_acquired.increment(1);
     if taken_over {
         metrics::increment(metrics::key!(metrics::TAKEOVERS));
         tracing::info!(

@@ -43,9 +43,11 @@
 //! # }
 //! ```
 
+mod bound;
 mod keeper;
 mod metered;
 
+pub use bound::{BoundCounter, BoundHistogram};
 pub use keeper::{KeeperConfig, LeaseKeeper, saturating_deadline};
 pub use metered::{Metered, StoreOp, describe, register_at_zero};
 

@@ -15,6 +15,8 @@ use idem_core::{
 };
 use metrics::{Key, Label, Level, Metadata, SharedString, Unit};
 
+use crate::bound::BoundHistogram;
+
 /// What the metrics of this crate say of themselves to the recorder (as `metrics::counter!`
 /// would).
 static METADATA: Metadata<'static> =
@@ -121,8 +123,9 @@ pub fn register_at_zero(label: &str, ops: &[StoreOp]) {
 struct Keys {
     /// The `store` label.
     store: SharedString,
-    /// The latency histogram of each [`StoreOp`], in the order of [`StoreOp::ALL`].
-    seconds: Vec<Key>,
+    /// The latency histogram of each [`StoreOp`], in the order of [`StoreOp::ALL`], with its
+    /// handle in the recorder in use.
+    seconds: Vec<BoundHistogram>,
     /// The error counter of each [`StoreOp`] and [`StoreError::KINDS`] kind.
     errors: Vec<Key>,
 }
@@ -137,7 +140,7 @@ impl Keys {
         };
         let seconds = StoreOp::ALL
             .iter()
-            .map(|&op| Key::from_parts(STORE_SECONDS, labels(op)))
+            .map(|&op| BoundHistogram::new(Key::from_parts(STORE_SECONDS, labels(op))))
             .collect();
         let errors = StoreOp::ALL
             .iter()
@@ -160,7 +163,7 @@ impl Keys {
     fn register_at_zero(&self, ops: &[StoreOp]) {
         metrics::with_recorder(|recorder| {
             for &op in ops {
-                let _ = recorder.register_histogram(&self.seconds[op as usize], &METADATA);
+                let _ = recorder.register_histogram(self.seconds[op as usize].key(), &METADATA);
                 for kind in StoreError::KINDS {
                     let _ = recorder.register_counter(&self.error(op, kind), &METADATA);
                 }
@@ -278,7 +281,7 @@ impl<S> Metered<S> {
     ) -> Result<T, StoreError> {
         let start = Instant::now();
         let result = operation.await;
-        record(&self.keys.seconds[op as usize], start.elapsed());
+        self.keys.seconds[op as usize].record(start.elapsed().as_secs_f64());
         if let Err(error) = &result {
             increment(&self.keys.error(op, error.kind()));
         }
