@@ -442,6 +442,31 @@ async fn ten_wrong_tokens_are_throttled_and_the_right_token_still_works() {
     assert!(login.header("set-cookie").is_some());
 }
 
+/// Without a session, or with a wrong token, the page answers 401 with its login form and its
+/// challenge, no key in it and no cookie set.
+async fn the_page_refuses_without_a_login(http: &Http, admin: &str) {
+    let anonymous = http
+        .send(Method::GET, &format!("{admin}/ui"), &[], "")
+        .await;
+    assert_eq!(anonymous.status, 401);
+    assert!(anonymous.text().contains("action=\"/ui/login\""));
+    assert!(!anonymous.text().contains("id=\"x\""));
+    // Every 401 carries its challenge (RFC 9110 section 11.6.1), the page's too: before, only
+    // the other admin paths sent one.
+    assert_eq!(
+        anonymous.header("www-authenticate"),
+        Some("Bearer realm=\"idem admin\"")
+    );
+
+    let wrong = log_in(http, admin, "nope").await;
+    assert_eq!(wrong.status, 401);
+    assert!(wrong.header("set-cookie").is_none());
+    assert_eq!(
+        wrong.header("www-authenticate"),
+        Some("Bearer realm=\"idem admin\"")
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_needs_a_login_escapes_keys_and_deletes_only_with_its_csrf_token() {
     let fixture = Fixture::start();
@@ -460,26 +485,7 @@ async fn the_page_needs_a_login_escapes_keys_and_deletes_only_with_its_csrf_toke
         .await
         .unwrap();
 
-    let anonymous = http
-        .send(Method::GET, &format!("{admin}/ui"), &[], "")
-        .await;
-    assert_eq!(anonymous.status, 401);
-    assert!(anonymous.text().contains("action=\"/ui/login\""));
-    assert!(!anonymous.text().contains("id=\"x\""));
-    // Every 401 carries its challenge (RFC 9110 section 11.6.1), the page's too: before, only
-    // the other admin paths sent one.
-    assert_eq!(
-        anonymous.header("www-authenticate"),
-        Some("Bearer realm=\"idem admin\"")
-    );
-
-    let wrong = log_in(&http, &admin, "nope").await;
-    assert_eq!(wrong.status, 401);
-    assert!(wrong.header("set-cookie").is_none());
-    assert_eq!(
-        wrong.header("www-authenticate"),
-        Some("Bearer realm=\"idem admin\"")
-    );
+    the_page_refuses_without_a_login(&http, &admin).await;
 
     let login = log_in(&http, &admin, TOKEN).await;
     assert_eq!(login.status, 303);

@@ -188,12 +188,9 @@ fn bad_store_url_in_the_file_and_in_a_flag() {
 
 #[test]
 fn settings_checked_together() {
-    let bad = file(
+    refused(
         "heartbeat.toml",
         "[upstream]\nurl = \"http://h:1\"\n\n[[route]]\npath = \"/p\"\nlease = \"3s\"\nheartbeat = \"5s\"\n",
-    );
-    assert_one_line_error(
-        &idem(&["check-config", path(&bad)]),
         &["heartbeat.toml:7:13", "shorter than the lease"],
     );
     // A heartbeat the file sets, against a lease from the command line: the flag is named.
@@ -206,92 +203,68 @@ fn settings_checked_together() {
         &["beat.toml:4:13", "lease (5s, set by --lease or IDEM_LEASE)"],
     );
     // A value checked beyond its syntax is named by its own position, not its section's.
-    let bad = file(
+    refused(
         "zero-lease.toml",
         "[upstream]\nurl = \"http://h:1\"\n[idempotency]\nkey = \"required\"\nlease = \"0s\"\n",
-    );
-    assert_one_line_error(
-        &idem(&["check-config", path(&bad)]),
         &["zero-lease.toml:5:9", "the lease must be longer than zero"],
     );
-    let bad = file(
+    refused(
         "header.toml",
         "[upstream]\nurl = \"http://h:1\"\n[[route]]\npath = \"/p\"\nheader = \"Bad Header\"\n",
-    );
-    assert_one_line_error(
-        &idem(&["check-config", path(&bad)]),
         &["header.toml:5:10", "is not a header name"],
     );
-    let bad = file(
+    refused(
         "cap.toml",
         "[upstream]\nurl = \"http://h:1\"\n[idempotency]\nstorage_cap = 0\n",
-    );
-    assert_one_line_error(
-        &idem(&["check-config", path(&bad)]),
         &["cap.toml:4:15", "storage_cap must be at least 1 byte"],
     );
-    let bad = file(
+    refused(
         "nopath.toml",
         "[upstream]\nurl = \"http://h:1\"\n[[route]]\nkey = \"required\"\n",
-    );
-    assert_one_line_error(
-        &idem(&["check-config", path(&bad)]),
         &["nopath.toml:3:1", "no path"],
     );
-    let bad = file(
+    refused(
         "headers.toml",
         "[upstream]\nurl = \"http://h:1\"\n[server]\nmax_header_bytes = 100\n",
-    );
-    assert_one_line_error(
-        &idem(&["check-config", path(&bad)]),
         &["headers.toml:4:20", "at least 8192"],
     );
-    let bad = file(
+    refused(
         "workers.toml",
         "[upstream]\nurl = \"http://h:1\"\n[server]\nworkers = 0\n",
-    );
-    assert_one_line_error(
-        &idem(&["check-config", path(&bad)]),
         &["workers.toml:4:11", "workers must be 1 to 1024"],
     );
-    let bad = file(
+    refused(
         "many.toml",
         "[upstream]\nurl = \"http://h:1\"\n[server]\nworkers = 100000\n",
-    );
-    assert_one_line_error(
-        &idem(&["check-config", path(&bad)]),
         &["many.toml:4:11", "workers must be 1 to 1024"],
     );
-    let bad = file(
+    refused(
         "budget.toml",
         "[upstream]\nurl = \"http://h:1\"\n[store]\nmemory_max_bytes = \"0MiB\"\n",
-    );
-    assert_one_line_error(
-        &idem(&["check-config", path(&bad)]),
         &[
             "budget.toml:4:20",
             "memory_max_bytes must be at least 1 byte",
         ],
     );
-    let bad = file(
+    refused(
         "budget-unit.toml",
         "[upstream]\nurl = \"http://h:1\"\n[store]\nmemory_max_bytes = \"1 TB\"\n",
-    );
-    assert_one_line_error(
-        &idem(&["check-config", path(&bad)]),
         &["budget-unit.toml:4:20", "invalid size"],
     );
-    let bad = file(
+    refused(
         "small-budget.toml",
         "[upstream]\nurl = \"http://h:1\"\n[store]\nmemory_max_bytes = \"64KiB\"\n",
-    );
-    assert_one_line_error(
-        &idem(&["check-config", path(&bad)]),
         &[
             "small-budget.toml:4:20",
             "memory_max_bytes must be at least 1MiB",
         ],
     );
+}
+
+/// `check-config` refuses the file `name` holding `text` in one line that says each of `says`.
+fn refused(name: &str, text: &str, says: &[&str]) {
+    let bad = file(name, text);
+    assert_one_line_error(&idem(&["check-config", path(&bad)]), says);
 }
 
 #[test]

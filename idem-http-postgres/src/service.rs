@@ -207,22 +207,7 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let timeout = shared.commit_timeout;
-    let begun = tokio::time::timeout(timeout, async {
-        let client = shared
-            .store
-            .pool()
-            .get()
-            .await
-            .map_err(StoreError::unavailable)?;
-        client
-            .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-            .await
-            .map_err(StoreError::unavailable)?;
-        Ok::<_, StoreError>(client)
-    })
-    .await;
-    let Ok(Ok(client)) = begun else {
+    let Some(client) = begin(shared).await else {
         // Nothing ran: the layer gives the key back (a 5xx is not stored).
         return Ok(unavailable("the transaction could not be opened"));
     };
@@ -252,12 +237,46 @@ where
             None,
         ));
     };
+    Ok(settle(shared, lease, client, parts, bytes, trailers).await)
+}
+
+/// Opens the handler's transaction (READ COMMITTED), within the commit timeout; `None` if the
+/// pool or the server did not answer.
+async fn begin(shared: &TxShared) -> Option<Object> {
+    let begun = tokio::time::timeout(shared.commit_timeout, async {
+        let client = shared
+            .store
+            .pool()
+            .get()
+            .await
+            .map_err(StoreError::unavailable)?;
+        client
+            .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+            .await
+            .map_err(StoreError::unavailable)?;
+        Ok::<_, StoreError>(client)
+    })
+    .await;
+    begun.ok()?.ok()
+}
+
+/// Settles the handler's transaction once it has answered: records the response in it and
+/// commits, or rolls its writes back if the response is not stored or cannot be recorded.
+async fn settle(
+    shared: &TxShared,
+    lease: &Lease,
+    client: Object,
+    parts: http::response::Parts,
+    bytes: Bytes,
+    trailers: Option<HeaderMap>,
+) -> Response<TxBody> {
+    let timeout = shared.commit_timeout;
     let config = &shared.config;
     if !config.stores_status(parts.status) {
         // Not stored, so not done: the writes go, and the layer gives the key back.
         shared.leases.settle(lease, Settled::RolledBack);
         finish(client, "ROLLBACK", timeout).await;
-        return Ok(buffered(Response::from_parts(parts, bytes), trailers));
+        return buffered(Response::from_parts(parts, bytes), trailers);
     }
     let record = encode(
         config,
@@ -275,26 +294,26 @@ where
         Err(StoreError::Rejected(rejection)) => {
             shared.leases.settle(lease, Settled::RolledBack);
             finish(client, "ROLLBACK", timeout).await;
-            return Ok(superseded(&rejection));
+            return superseded(&rejection);
         }
         Err(_) => {
             shared.leases.settle(lease, Settled::RolledBack);
             finish(client, "ROLLBACK", timeout).await;
-            return Ok(unavailable(
+            return unavailable(
                 "the response could not be recorded: the handler's writes were rolled back",
-            ));
+            );
         }
     }
     if finish(client, "COMMIT", timeout).await {
         shared.leases.settle(lease, Settled::Committed);
-        Ok(buffered(Response::from_parts(parts, bytes), trailers))
+        buffered(Response::from_parts(parts, bytes), trailers)
     } else {
         shared.leases.settle(lease, Settled::Unknown);
         tracing::warn!(
             fence = lease.fence.get(),
             "the commit of a handler's writes and its response got no answer: committed or not, the key is left to its lease"
         );
-        Ok(commit_unknown(shared))
+        commit_unknown(shared)
     }
 }
 

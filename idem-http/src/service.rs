@@ -276,14 +276,7 @@ async fn process<S, ReqBody, ResBody>(
                 break Ok(reject(&shared, Rejection::Mismatch));
             }
             Err(error) => {
-                tracing::warn!(
-                    idempotency_key = %log_key(config, &claim.key),
-                    error = %error.redacted(!config.log_keys),
-                    "idempotency store failed on claim"
-                );
-                if matches!(error, StoreError::Timeout { .. }) {
-                    release_if_granted(shared.clone(), claim.clone());
-                }
+                claim_failed(&shared, &claim, &error);
                 match config.store_failure {
                     StoreFailure::FailClosed => {
                         let retry_after = config.store_retry_after;
@@ -302,6 +295,20 @@ async fn process<S, ReqBody, ResBody>(
         }
     };
     let _ = reply.send(answer);
+}
+
+/// Logs a claim the store failed on; a claim that timed out may have been granted all the
+/// same, and is released if it was ([`release_if_granted`]).
+fn claim_failed(shared: &Arc<Shared>, claim: &ClaimRequest, error: &StoreError) {
+    let config = &shared.config;
+    tracing::warn!(
+        idempotency_key = %log_key(config, &claim.key),
+        error = %error.redacted(!config.log_keys),
+        "idempotency store failed on claim"
+    );
+    if matches!(error, StoreError::Timeout { .. }) {
+        release_if_granted(shared.clone(), claim.clone());
+    }
 }
 
 /// Counts a granted claim and hands its request the [`IdempotencyContext`] of its lease.
@@ -466,10 +473,8 @@ impl<B, E> Drop for UnrecordedReply<B, E> {
 /// release).
 ///
 /// A response whose body is complete before it goes out (empty, of a known length within the
-/// storage cap, or whose frames were all ready at once) goes out whole, from this future: the
-/// record's completion is sent first, and if the store has not answered by then the body's end
-/// waits for it. Any other response streams to the caller through a channel as it is read,
-/// captured for the record only up to the storage cap (a larger body is stored omitted).
+/// storage cap, or whose frames were all ready at once) goes out whole ([`answer_whole`]); any
+/// other response streams to the caller as it is read ([`answer_streamed`]).
 async fn drive<S, ReqBody, ResBody>(
     mut inner: S,
     shared: Arc<Shared>,
@@ -491,81 +496,113 @@ async fn drive<S, ReqBody, ResBody>(
         }
     };
     fields::settle_head(response.headers_mut());
-    let status = response.status();
-    if !shared.config.stores_status(status) {
+    if !shared.config.stores_status(response.status()) {
         claim.release("status").await;
         let _ = reply.send(Ok(response.map(ResponseBody::inner)));
         return;
     }
     let (parts, body) = response.into_parts();
-    let headers = shared.config.storable_headers(&parts.headers);
-    let cap = u64::try_from(shared.config.storage_cap).unwrap_or(u64::MAX);
     let hint = body.size_hint();
     let mut body = std::pin::pin!(body);
     // The frames read before the response goes out, and whether they are the whole body.
     let mut early = Early::default();
-    let read = if body.is_end_stream() || hint.exact().is_some_and(|len| len <= cap) {
-        // Known to fit under the cap: read whole.
-        early.read_all(&mut claim, body.as_mut()).await
-    } else if hint.lower() <= cap {
-        // Of unknown length: whatever is ready at once, up to the cap.
-        early.read_ready(body.as_mut(), cap).await
-    } else {
-        Ok(())
-    };
-    if read.is_err() {
+    let cap = storage_cap(&shared.config);
+    if early
+        .read(&mut claim, body.as_mut(), &hint, cap)
+        .await
+        .is_err()
+    {
         claim.release("body_error").await;
         let _ = reply.send(Ok(reject(&shared, Rejection::ResponseBodyFailed)));
         return;
     }
     if early.ended {
-        let (data, trailers) = early.into_whole();
-        let response = StoredResponse {
-            status,
-            headers,
-            body: (data.len() as u64 <= cap).then(|| data.clone()),
-            trailers: trailers
-                .as_ref()
-                .map(|t| shared.config.storable_headers(t))
-                .unwrap_or_default(),
-        };
         let sized = hint.exact().is_some();
-        let unstored = {
-            let mut completing = std::pin::pin!(claim.complete(response));
-            match poll_once(completing.as_mut()).await {
-                Poll::Ready(unstored) => {
-                    let body = ResponseBody::whole(data, trailers, None, sized);
-                    let _ = reply.send(Ok(Response::from_parts(parts, body)));
-                    unstored
-                }
-                Poll::Pending if sized && data.is_empty() && trailers.is_none() => {
-                    // Its head is all of it: it waits for the record.
-                    let unstored = completing.await;
-                    let body = ResponseBody::whole(data, trailers, None, sized);
-                    let _ = reply.send(Ok(Response::from_parts(parts, body)));
-                    unstored
-                }
-                Poll::Pending => {
-                    // The store has the record on its way: the caller gets the response now,
-                    // its body's end (its last byte, or the end of its chunks) once the record
-                    // is settled (its task goes on alone).
-                    let (settled, wait) = oneshot::channel();
-                    let body = ResponseBody::whole(data, trailers, Some(wait), sized);
-                    let _ = reply.send(Ok(Response::from_parts(parts, body)));
-                    let unstored = completing.await;
-                    let _ = settled.send(());
-                    unstored
-                }
-            }
-        };
-        // The caller has its answer; the record is still worth storing.
-        if let Some(encoded) = unstored {
-            claim.retry_complete(encoded).await;
-        }
-        return;
+        answer_whole(claim, &shared, parts, early, sized, reply).await;
+    } else {
+        answer_streamed(claim, &shared, parts, early, body, hint, reply).await;
     }
-    // Stream to the caller while capturing; the stream ends only once the record is settled,
-    // so a caller that has read the whole response finds it stored.
+}
+
+/// The storage cap, in the unit of size hints.
+fn storage_cap(config: &Config) -> u64 {
+    u64::try_from(config.storage_cap).unwrap_or(u64::MAX)
+}
+
+/// Answers a response read whole (`early` ended; `sized` if its length was announced) and
+/// records it: the record's completion is sent first, and if the store has not answered by
+/// then the body's end waits for it.
+async fn answer_whole<B, E>(
+    mut claim: Claim,
+    shared: &Shared,
+    parts: http::response::Parts,
+    early: Early,
+    sized: bool,
+    reply: oneshot::Sender<Reply<B, E>>,
+) {
+    let config = &shared.config;
+    let (data, trailers) = early.into_whole();
+    let response = StoredResponse {
+        status: parts.status,
+        headers: config.storable_headers(&parts.headers),
+        body: (data.len() as u64 <= storage_cap(config)).then(|| data.clone()),
+        trailers: trailers
+            .as_ref()
+            .map(|t| config.storable_headers(t))
+            .unwrap_or_default(),
+    };
+    let unstored = {
+        let mut completing = std::pin::pin!(claim.complete(response));
+        match poll_once(completing.as_mut()).await {
+            Poll::Ready(unstored) => {
+                let body = ResponseBody::whole(data, trailers, None, sized);
+                let _ = reply.send(Ok(Response::from_parts(parts, body)));
+                unstored
+            }
+            Poll::Pending if sized && data.is_empty() && trailers.is_none() => {
+                // Its head is all of it: it waits for the record.
+                let unstored = completing.await;
+                let body = ResponseBody::whole(data, trailers, None, sized);
+                let _ = reply.send(Ok(Response::from_parts(parts, body)));
+                unstored
+            }
+            Poll::Pending => {
+                // The store has the record on its way: the caller gets the response now, its
+                // body's end (its last byte, or the end of its chunks) once the record is
+                // settled (its task goes on alone).
+                let (settled, wait) = oneshot::channel();
+                let body = ResponseBody::whole(data, trailers, Some(wait), sized);
+                let _ = reply.send(Ok(Response::from_parts(parts, body)));
+                let unstored = completing.await;
+                let _ = settled.send(());
+                unstored
+            }
+        }
+    };
+    // The caller has its answer; the record is still worth storing.
+    if let Some(encoded) = unstored {
+        claim.retry_complete(encoded).await;
+    }
+}
+
+/// Streams a response to the caller (`early` first, then the rest of `body`) while capturing
+/// it for its record, up to the storage cap (a larger body is stored omitted). The stream ends
+/// only once the record is settled, so a caller that has read the whole response finds it
+/// stored.
+async fn answer_streamed<B, E>(
+    mut claim: Claim,
+    shared: &Shared,
+    parts: http::response::Parts,
+    early: Early,
+    mut body: Pin<&mut B>,
+    hint: http_body::SizeHint,
+    reply: oneshot::Sender<Reply<B, E>>,
+) where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let config = &shared.config;
+    let (status, headers) = (parts.status, config.storable_headers(&parts.headers));
     let (frames, receiver) = mpsc::channel(STREAM_FRAMES);
     let _ = reply.send(Ok(Response::from_parts(
         parts,
@@ -577,15 +614,16 @@ async fn drive<S, ReqBody, ResBody>(
         held: None,
     };
     // A body announced over the cap is not captured at all.
+    let cap = storage_cap(config);
     let mut captured = Capture::new(hint.lower() <= cap, cap);
     for frame in early.frames() {
-        captured.add(&shared.config, &frame);
+        captured.add(config, &frame);
         out.send(&mut claim, frame).await;
     }
     while let Some(frame) = claim.beating(body.frame()).await {
         match frame.map(fields::settle_frame) {
             Ok(frame) => {
-                captured.add(&shared.config, &frame);
+                captured.add(config, &frame);
                 out.send(&mut claim, frame).await;
             }
             Err(error) => {
@@ -696,6 +734,28 @@ impl Early {
     /// The frames, in order.
     fn frames(self) -> impl Iterator<Item = Frame<Bytes>> {
         self.first.into_iter().chain(self.rest)
+    }
+
+    /// Reads what can go out with the response's head: the whole body if it is known to fit
+    /// under `cap`; of a body of unknown length, whatever is ready at once, up to `cap`;
+    /// nothing of a body announced over it.
+    async fn read<B>(
+        &mut self,
+        claim: &mut Claim,
+        body: Pin<&mut B>,
+        hint: &http_body::SizeHint,
+        cap: u64,
+    ) -> Result<(), ()>
+    where
+        B: Body<Data = Bytes>,
+    {
+        if body.is_end_stream() || hint.exact().is_some_and(|len| len <= cap) {
+            self.read_all(claim, body).await
+        } else if hint.lower() <= cap {
+            self.read_ready(body, cap).await
+        } else {
+            Ok(())
+        }
     }
 
     /// Reads the whole body, keeping the lease while it waits.

@@ -65,7 +65,7 @@ fn record_key(key: &str) -> RecordKey {
     RecordKey::unscoped(IdempotencyKey::new(key).unwrap())
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn dropped_before_its_claim_nothing_runs_and_a_retry_executes() {
     let store = Arc::new(MemoryStore::new());
     let counter = Arc::new(AtomicU64::new(0));
@@ -95,7 +95,7 @@ async fn dropped_before_its_claim_nothing_runs_and_a_retry_executes() {
     assert_eq!(counter.load(Ordering::SeqCst), 1);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn dropped_while_the_handler_runs_it_finishes_once_and_the_retry_is_a_replay() {
     let store = Arc::new(MemoryStore::new());
     let counter = Arc::new(AtomicU64::new(0));

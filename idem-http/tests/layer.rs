@@ -24,6 +24,7 @@ use idem_core::{ClaimOutcome, ClaimRequest, Record, RecordKey, Scope, Store};
 use idem_http::{Config, ConfigBuilder, IdempotencyLayer, Outcome, Rejection, StoreFailure};
 use idem_store_memory::MemoryStore;
 use idem_testkit::faulty::FaultyStore;
+use tower::ServiceExt;
 use tower::util::MapResponseLayer;
 
 /// A served app whose handlers count their executions.
@@ -32,6 +33,9 @@ struct App {
     addr: std::net::SocketAddr,
     client: Client<HttpConnector, Full<Bytes>>,
     server: tokio::task::JoinHandle<()>,
+    /// The app, to call in process ([`App::in_process`]) instead of over TCP.
+    router: Router,
+    in_process: bool,
 }
 
 impl Drop for App {
@@ -80,6 +84,7 @@ impl App {
             .layer(MapResponseLayer::new(outcome_header));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let router = app.clone();
         let server = tokio::spawn(async move {
             axum::serve(listener, app).await.unwrap();
         });
@@ -88,7 +93,16 @@ impl App {
             addr,
             client: Client::builder(TokioExecutor::new()).build_http(),
             server,
+            router,
+            in_process: false,
         }
+    }
+
+    /// Requests go to the app in process, not over TCP: a test on tokio's paused clock then
+    /// never waits on a socket while the clock jumps ahead.
+    fn in_process(mut self) -> App {
+        self.in_process = true;
+        self
     }
 
     /// A counting app: `POST /run` answers 200 `ran {n}` after `delay`.
@@ -125,12 +139,20 @@ impl App {
         let request = request
             .body(Full::new(Bytes::from(body.to_owned())))
             .unwrap();
-        let response = self.client.request(request).await.unwrap();
-        let (parts, body) = response.into_parts();
+        let (parts, body) = if self.in_process {
+            let request = request.map(axum::body::Body::new);
+            let response = self.router.clone().oneshot(request).await.unwrap();
+            let (parts, body) = response.into_parts();
+            (parts, body.collect().await.unwrap().to_bytes())
+        } else {
+            let response = self.client.request(request).await.unwrap();
+            let (parts, body) = response.into_parts();
+            (parts, body.collect().await.unwrap().to_bytes())
+        };
         Answer {
             status: parts.status,
             headers: parts.headers,
-            body: body.collect().await.unwrap().to_bytes(),
+            body,
         }
     }
 
@@ -190,12 +212,12 @@ async fn a_store_that_is_down_is_503_and_the_handler_does_not_run() {
 /// A claim granted by the store whose answer was lost (a timeout) is 503, and is then released
 /// by the layer: a retry runs the handler within moments instead of meeting 409 for a whole
 /// lease with nothing running.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_claim_whose_answer_timed_out_is_released() {
     let store = FaultyStore::new(MemoryStore::new());
     store.faults.claim_lost_replies.store(1, Ordering::SeqCst);
     let faults = store.faults.clone();
-    let app = App::counting(store, Config::builder()).await;
+    let app = App::counting(store, Config::builder()).await.in_process();
     let lost = app.post(Some("k"), "").await;
     assert_eq!(lost.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(app.count(), 0);
@@ -216,11 +238,11 @@ async fn a_claim_whose_answer_timed_out_is_released() {
 /// A store that fails while the response is stored (a short outage after the handler ran)
 /// does not leave the record in flight: the layer answers the client, keeps trying within the
 /// lease, and a retry is then a replay, not a second execution.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_completion_the_store_failed_is_retried_so_a_retry_is_a_replay() {
     let store = FaultyStore::new(MemoryStore::new());
     store.faults.complete_failures.store(3, Ordering::SeqCst);
-    let app = App::counting(store, Config::builder()).await;
+    let app = App::counting(store, Config::builder()).await.in_process();
     let first = app.post(Some("k"), "").await;
     assert_eq!(first.status, StatusCode::OK);
     assert_eq!(first.outcome(), "executed");
@@ -364,7 +386,7 @@ async fn a_streamed_body_that_panics_is_broken_off_not_cut_short() {
     assert_eq!(app.count(), 2);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_panicking_handler_releases_its_claim() {
     let app = App::serve(MemoryStore::new(), Config::builder(), |counter| {
         Router::new().route(
@@ -377,7 +399,8 @@ async fn a_panicking_handler_releases_its_claim() {
             }),
         )
     })
-    .await;
+    .await
+    .in_process();
     let failed = app.post(Some("k"), "").await;
     assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(
@@ -398,10 +421,10 @@ async fn a_panicking_handler_releases_its_claim() {
     assert_eq!(app.count(), 2);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn wait_mode_answers_a_duplicate_with_the_replay() {
     let config = Config::builder().wait_for_in_flight(Duration::from_secs(5));
-    let app = App::counting(MemoryStore::new(), config).await;
+    let app = App::counting(MemoryStore::new(), config).await.in_process();
     let (first, duplicate) = tokio::join!(app.post(Some("k"), "400"), async {
         tokio::time::sleep(Duration::from_millis(100)).await;
         app.post(Some("k"), "400").await
@@ -413,10 +436,10 @@ async fn wait_mode_answers_a_duplicate_with_the_replay() {
     assert_eq!(app.count(), 1);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn wait_mode_is_bounded() {
     let config = Config::builder().wait_for_in_flight(Duration::from_millis(200));
-    let app = App::counting(MemoryStore::new(), config).await;
+    let app = App::counting(MemoryStore::new(), config).await.in_process();
     let (_, duplicate) = tokio::join!(app.post(Some("k"), "1000"), async {
         tokio::time::sleep(Duration::from_millis(100)).await;
         app.post(Some("k"), "1000").await
@@ -558,7 +581,7 @@ async fn a_closure_or_no_scope() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_rejection_response_is_replaceable() {
     let config = Config::builder()
         .require_key()
@@ -568,7 +591,7 @@ async fn the_rejection_response_is_replaceable() {
             *response.status_mut() = rejection.status();
             response
         });
-    let app = App::counting(MemoryStore::new(), config).await;
+    let app = App::counting(MemoryStore::new(), config).await.in_process();
     let missing = app.post(None, "").await;
     assert_eq!(missing.status, StatusCode::BAD_REQUEST);
     assert_eq!(missing.body, "nope: MissingKey");

@@ -16,6 +16,7 @@ use axum::routing::post;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
+use idem_core::{Clock, Timestamp};
 use idem_http::{Config, IdempotencyLayer, Outcome};
 use idem_store_memory::MemoryStore;
 use idem_testkit::faulty::FaultyStore;
@@ -34,7 +35,7 @@ fn outcome_of<B>(response: &Response<B>) -> Option<Outcome> {
 
 /// A lease, heartbeat or wait of `Duration::MAX` ("no end") is accepted by the builder: it
 /// must not overflow the clock (a panic, answered 500) when a request uses it.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn settings_as_long_as_duration_max_do_not_overflow_the_clock() {
     let config = Config::builder()
         .lease(Duration::MAX)
@@ -314,6 +315,16 @@ async fn route_layer_covers_the_routes() {
 
 /// A counting handler that takes `delay` to answer.
 fn counting_app(counter: &Arc<AtomicU64>, delay: Duration, config: Config) -> Router {
+    counting_app_on(MemoryStore::new(), counter, delay, config)
+}
+
+/// [`counting_app`] on `store`.
+fn counting_app_on(
+    store: MemoryStore,
+    counter: &Arc<AtomicU64>,
+    delay: Duration,
+    config: Config,
+) -> Router {
     let counter = counter.clone();
     Router::new()
         .route(
@@ -324,7 +335,19 @@ fn counting_app(counter: &Arc<AtomicU64>, delay: Duration, config: Config) -> Ro
                 "ok"
             }),
         )
-        .layer(IdempotencyLayer::with_config(MemoryStore::new(), config))
+        .layer(IdempotencyLayer::with_config(store, config))
+}
+
+/// The store's clock on tokio's: under a paused clock, its leases lapse as the test's time
+/// advances, not the machine's.
+#[derive(Debug)]
+struct TokioClock(tokio::time::Instant);
+
+impl Clock for TokioClock {
+    fn now(&self) -> Timestamp {
+        let elapsed = u64::try_from(self.0.elapsed().as_micros()).unwrap_or(u64::MAX);
+        Timestamp::from_micros(1_700_000_000_000_000 + elapsed)
+    }
 }
 
 /// 200 concurrent requests with one key: one execution; every other answer a 409 or a replay.
@@ -359,7 +382,7 @@ async fn a_storm_of_one_key_runs_the_handler_once() {
 
 /// A handler that runs for four leases keeps its claim by heartbeat: a duplicate meanwhile is
 /// 409, never a takeover and a second execution.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_heartbeat_keeps_a_long_handlers_lease() {
     let counter = Arc::new(AtomicU64::new(0));
     let config = Config::builder()
@@ -367,7 +390,10 @@ async fn the_heartbeat_keeps_a_long_handlers_lease() {
         .heartbeat(Duration::from_millis(50))
         .build()
         .unwrap();
-    let app = counting_app(&counter, Duration::from_millis(800), config);
+    let store = MemoryStore::builder()
+        .clock(TokioClock(tokio::time::Instant::now()))
+        .build();
+    let app = counting_app_on(store, &counter, Duration::from_millis(800), config);
     let first = tokio::spawn(app.clone().oneshot(post_with_key("/run", "\"long\"", "")));
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -97,17 +97,7 @@ async fn main() -> Result<(), BoxError> {
         "postgres {version}, {} cores, {seconds}s per run, pool of {pool_size}",
         std::thread::available_parallelism().map_or(1, NonZeroUsize::get)
     );
-    let (create, swap) = store.primitive_sql();
-    let (create, swap) = (create.to_owned(), swap.to_owned());
-    let table = format!("{schema}.idem_records");
-    let wide_insert = format!(
-        "INSERT INTO {table} (scope, key, state, fingerprint, owner, fence, lease_until, attempt, \
-         created_at, expires_at) VALUES ('', $1, 'in_flight', $2, $3::text::uuid, 1, $4, 1, $4, $5)"
-    );
-    let wide_update = format!(
-        "UPDATE {table} SET state = 'completed', completed_at = $2, expires_at = $3, \
-         result = $4, version = version + 1 WHERE scope = '' AND key = $1"
-    );
+    let sql = Sql::new(&store, &schema);
     println!(
         "{:>6} {:>11} {:>11} {:>11} {:>12} {:>7} {:>9} {:>7}",
         "tasks", "store c/s", "by hand", "wide", "baseline c/s", "ratio", "by hand", "wide"
@@ -121,79 +111,8 @@ async fn main() -> Result<(), BoxError> {
         let mut sums = [0.0f64; 4];
         for part in 0..slices {
             let round = index * 1000 + part as usize;
-            let s = store.clone();
-            let store_rate = measure(n, slice, move |task, i| {
-                let s = s.clone();
-                async move {
-                    let name = format!("s{round}-{task}-{i}");
-                    let request = ClaimRequest::new(
-                        RecordKey::unscoped(IdempotencyKey::new(&name)?),
-                        Fingerprint::of(&[name.as_bytes()]),
-                        Duration::from_secs(30),
-                    );
-                    let ClaimOutcome::Acquired { lease, .. } = s.claim(&request).await? else {
-                        return Err(format!("{name} was not acquired").into());
-                    };
-                    s.complete(
-                        &lease,
-                        Bytes::from_static(b"result"),
-                        Duration::from_secs(3600),
-                    )
-                    .await?;
-                    Ok(())
-                }
-            })
-            .await?;
-            let insert = format!("INSERT INTO {schema}.plain (k, state) VALUES ($1, 'in_flight')");
-            let update =
-                format!("UPDATE {schema}.plain SET state = 'completed', result = $2 WHERE k = $1");
-            let plain = Cycle {
-                prefix: "p",
-                sql: [insert, update],
-                params: |r, step| match step {
-                    0 => vec![&r.key],
-                    _ => vec![&r.key, &r.result],
-                },
-                check: |_| Ok(()),
-            };
-            let plain_rate = plain.measure(store.pool(), round, n, slice).await?;
-            let hand = Cycle {
-                prefix: "h",
-                sql: [create.clone(), swap.clone()],
-                params: |r, step| match step {
-                    0 => r.claim(),
-                    _ => {
-                        let mut params = r.complete();
-                        params.push(&0i64);
-                        params
-                    }
-                },
-                check: |answers| {
-                    let created = answers[0].first().map(|row| row.try_get::<_, bool>(13));
-                    let swapped = answers[1]
-                        .first()
-                        .map(|row| row.try_get::<_, Option<i64>>(13));
-                    match (created, swapped) {
-                        (Some(Ok(true)), Some(Ok(Some(_)))) => Ok(()),
-                        other => Err(format!("not created and swapped: {other:?}").into()),
-                    }
-                },
-            };
-            let hand_rate = hand.measure(store.pool(), round, n, slice).await?;
-            let wide = Cycle {
-                prefix: "w",
-                sql: [wide_insert.clone(), wide_update.clone()],
-                params: |r, step| match step {
-                    0 => vec![&r.key, &r.fingerprint, &r.owner, &r.now, &r.lease_until],
-                    _ => vec![&r.key, &r.now, &r.expires_at, &r.result],
-                },
-                check: |_| Ok(()),
-            };
-            let wide_rate = wide.measure(store.pool(), round, n, slice).await?;
-            for (sum, rate) in sums
-                .iter_mut()
-                .zip([store_rate, hand_rate, wide_rate, plain_rate])
-            {
+            let rates = slice_rates(&store, &sql, round, n, slice).await?;
+            for (sum, rate) in sums.iter_mut().zip(rates) {
                 *sum += rate / f64::from(slices);
             }
         }
@@ -211,6 +130,120 @@ async fn main() -> Result<(), BoxError> {
         .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
         .await?;
     Ok(())
+}
+
+/// The statements of the columns other than `store`.
+struct Sql {
+    /// The store's own two (`by hand`).
+    create: String,
+    swap: String,
+    /// `wide`: the record columns in the store's own table.
+    wide_insert: String,
+    wide_update: String,
+    /// `baseline`: a narrow row.
+    insert: String,
+    update: String,
+}
+
+impl Sql {
+    fn new(store: &PostgresStore, schema: &str) -> Self {
+        let (create, swap) = store.primitive_sql();
+        let table = format!("{schema}.idem_records");
+        Sql {
+            create: create.to_owned(),
+            swap: swap.to_owned(),
+            wide_insert: format!(
+                "INSERT INTO {table} (scope, key, state, fingerprint, owner, fence, lease_until, attempt, \
+                 created_at, expires_at) VALUES ('', $1, 'in_flight', $2, $3::text::uuid, 1, $4, 1, $4, $5)"
+            ),
+            wide_update: format!(
+                "UPDATE {table} SET state = 'completed', completed_at = $2, expires_at = $3, \
+                 result = $4, version = version + 1 WHERE scope = '' AND key = $1"
+            ),
+            insert: format!("INSERT INTO {schema}.plain (k, state) VALUES ($1, 'in_flight')"),
+            update: format!(
+                "UPDATE {schema}.plain SET state = 'completed', result = $2 WHERE k = $1"
+            ),
+        }
+    }
+}
+
+/// One slice of every column at `n` tasks: the cycles per second of `store`, `by hand`, `wide`
+/// and `baseline`, in that order.
+async fn slice_rates(
+    store: &PostgresStore,
+    sql: &Sql,
+    round: usize,
+    n: usize,
+    slice: Duration,
+) -> Result<[f64; 4], BoxError> {
+    let s = store.clone();
+    let store_rate = measure(n, slice, move |task, i| {
+        let s = s.clone();
+        async move {
+            let name = format!("s{round}-{task}-{i}");
+            let request = ClaimRequest::new(
+                RecordKey::unscoped(IdempotencyKey::new(&name)?),
+                Fingerprint::of(&[name.as_bytes()]),
+                Duration::from_secs(30),
+            );
+            let ClaimOutcome::Acquired { lease, .. } = s.claim(&request).await? else {
+                return Err(format!("{name} was not acquired").into());
+            };
+            s.complete(
+                &lease,
+                Bytes::from_static(b"result"),
+                Duration::from_secs(3600),
+            )
+            .await?;
+            Ok(())
+        }
+    })
+    .await?;
+    let plain = Cycle {
+        prefix: "p",
+        sql: [sql.insert.clone(), sql.update.clone()],
+        params: |r, step| match step {
+            0 => vec![&r.key],
+            _ => vec![&r.key, &r.result],
+        },
+        check: |_| Ok(()),
+    };
+    let plain_rate = plain.measure(store.pool(), round, n, slice).await?;
+    let hand = Cycle {
+        prefix: "h",
+        sql: [sql.create.clone(), sql.swap.clone()],
+        params: |r, step| match step {
+            0 => r.claim(),
+            _ => {
+                let mut params = r.complete();
+                params.push(&0i64);
+                params
+            }
+        },
+        check: |answers| {
+            let created = answers[0].first().map(|row| row.try_get::<_, bool>(13));
+            let swapped = answers[1]
+                .first()
+                .map(|row| row.try_get::<_, Option<i64>>(13));
+            match (created, swapped) {
+                (Some(Ok(true)), Some(Ok(Some(_)))) => Ok(()),
+                other => Err(format!("not created and swapped: {other:?}").into()),
+            }
+        },
+    };
+    let hand_rate = hand.measure(store.pool(), round, n, slice).await?;
+    let wide = Cycle {
+        prefix: "w",
+        sql: [sql.wide_insert.clone(), sql.wide_update.clone()],
+        params: |r, step| match step {
+            0 => vec![&r.key, &r.fingerprint, &r.owner, &r.now, &r.lease_until],
+            _ => vec![&r.key, &r.now, &r.expires_at, &r.result],
+        },
+        check: |_| Ok(()),
+    };
+    let wide_rate = wide.measure(store.pool(), round, n, slice).await?;
+    Ok([store_rate, hand_rate, wide_rate, plain_rate])
 }
 
 /// A cycle of the plain client: two statements on one pooled connection, each prepared once

@@ -375,35 +375,8 @@ f AS (UPDATE {floor} SET fence = greatest(fence, (SELECT max(d.fence) FROM d))
       WHERE EXISTS (SELECT 1 FROM d))
 SELECT count(*) FROM d"
         );
-        let scan = format!(
-            "WITH {clock}
-SELECT {cols_t}, c.now, t.scope, t.key
-FROM {table} t, c
-WHERE t.expires_at > c.now
-  AND ($2::text IS NULL OR t.state = $2::text)
-  AND ($3::bigint IS NULL OR t.created_at <= c.now - {min_age})
-  AND (t.created_at, t.scope, t.key) >
-      (timestamptz 'epoch' + {cursor}, $5::text COLLATE \"C\", $6::text COLLATE \"C\")
-ORDER BY t.created_at, t.scope, t.key
-LIMIT $7",
-            clock = clock("$1"),
-            cols_t = columns("t", false),
-            min_age = micros("$3"),
-            cursor = micros("$4"),
-        );
-        let sweep = format!(
-            "WITH {clock},
-victims AS (SELECT v.ctid FROM {table} v
-            WHERE v.expires_at <= (SELECT c.now FROM c) - {grace} LIMIT $2),
-d AS (DELETE FROM {table} t USING c
-      WHERE t.ctid IN (SELECT victims.ctid FROM victims) AND t.expires_at <= c.now - {grace}
-      RETURNING t.fence),
-f AS (UPDATE {floor} SET fence = greatest(fence, (SELECT max(d.fence) FROM d))
-      WHERE EXISTS (SELECT 1 FROM d))
-SELECT count(*) FROM d",
-            clock = clock("$1"),
-            grace = format!("interval '{} seconds'", SWEEP_GRACE.as_secs()),
-        );
+        let scan = scan(&table);
+        let sweep = sweep(&table, &floor);
         Statements {
             read,
             create,
@@ -414,4 +387,41 @@ SELECT count(*) FROM d",
             sweep,
         }
     }
+}
+
+/// [`Statements::scan`] on `table`.
+fn scan(table: &str) -> String {
+    format!(
+        "WITH {clock}
+SELECT {cols_t}, c.now, t.scope, t.key
+FROM {table} t, c
+WHERE t.expires_at > c.now
+  AND ($2::text IS NULL OR t.state = $2::text)
+  AND ($3::bigint IS NULL OR t.created_at <= c.now - {min_age})
+  AND (t.created_at, t.scope, t.key) >
+      (timestamptz 'epoch' + {cursor}, $5::text COLLATE \"C\", $6::text COLLATE \"C\")
+ORDER BY t.created_at, t.scope, t.key
+LIMIT $7",
+        clock = clock("$1"),
+        cols_t = columns("t", false),
+        min_age = micros("$3"),
+        cursor = micros("$4"),
+    )
+}
+
+/// [`Statements::sweep`] on `table`, raising the fence floor in `floor`.
+fn sweep(table: &str, floor: &str) -> String {
+    format!(
+        "WITH {clock},
+victims AS (SELECT v.ctid FROM {table} v
+            WHERE v.expires_at <= (SELECT c.now FROM c) - {grace} LIMIT $2),
+d AS (DELETE FROM {table} t USING c
+      WHERE t.ctid IN (SELECT victims.ctid FROM victims) AND t.expires_at <= c.now - {grace}
+      RETURNING t.fence),
+f AS (UPDATE {floor} SET fence = greatest(fence, (SELECT max(d.fence) FROM d))
+      WHERE EXISTS (SELECT 1 FROM d))
+SELECT count(*) FROM d",
+        clock = clock("$1"),
+        grace = format!("interval '{} seconds'", SWEEP_GRACE.as_secs()),
+    )
 }

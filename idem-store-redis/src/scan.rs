@@ -109,40 +109,14 @@ pub(crate) async fn scan(
         loop {
             let keys = if pending.is_empty() {
                 let Some(from) = scan_cursor else { break };
-                let mut cmd = redis::cmd("SCAN");
-                cmd.arg(from)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(count);
-                let reply = store.bounded("scan", conn.command_on(node, cmd)).await?;
-                let (next, mut keys): (u64, Vec<String>) =
-                    redis::from_redis_value(reply).map_err(|err| StoreError::Backend {
-                        source: Box::new(err),
-                        retryable: false,
-                    })?;
-                scan_cursor = (next != 0).then_some(next);
-                keys.sort_unstable();
-                keys.dedup();
+                let (next, keys) = scan_keys(store, &mut conn, node, from, &pattern, count).await?;
+                scan_cursor = next;
                 keys
             } else {
                 std::mem::take(&mut pending)
             };
             let scanned = keys.len();
-            let batch = read_records(store, &mut conn, node, &keys).await?;
-            // A record that cannot be read is an entry too: reported, it takes its place on
-            // the page, or travels in the cursor like a matching record.
-            let mut entries = Vec::with_capacity(keys.len());
-            for (key, read) in keys.into_iter().zip(batch) {
-                let entry = match read {
-                    Ok(Some(record)) => query.entry(None, Ok(Some(record)), now)?,
-                    Ok(None) => None,
-                    Err(err) => Some(ScanEntry::Unreadable(UnreadableRecord::from_error(
-                        err, None,
-                    )?)),
-                };
-                entries.extend(entry.map(|entry| (key, entry)));
-            }
+            let entries = entries(store, &mut conn, node, keys, query, now).await?;
             let matched = entries.len();
             let mut entries = entries.into_iter();
             let room = limit - page.len();
@@ -174,6 +148,59 @@ pub(crate) async fn scan(
         }
     }
     Ok(page)
+}
+
+/// One `SCAN` of `node` from the cursor `from`: the next cursor (`None` once the node is
+/// done) and the keys found, sorted and without duplicates.
+async fn scan_keys(
+    store: &Backend,
+    conn: &mut crate::conn::Conn,
+    node: &Node,
+    from: u64,
+    pattern: &str,
+    count: usize,
+) -> Result<(Option<u64>, Vec<String>), StoreError> {
+    let mut cmd = redis::cmd("SCAN");
+    cmd.arg(from)
+        .arg("MATCH")
+        .arg(pattern)
+        .arg("COUNT")
+        .arg(count);
+    let reply = store.bounded("scan", conn.command_on(node, cmd)).await?;
+    let (next, mut keys): (u64, Vec<String>) =
+        redis::from_redis_value(reply).map_err(|err| StoreError::Backend {
+            source: Box::new(err),
+            retryable: false,
+        })?;
+    keys.sort_unstable();
+    keys.dedup();
+    Ok(((next != 0).then_some(next), keys))
+}
+
+/// The entries of the records at `keys` on `node` that `query` asks for, each with its key.
+/// A record that cannot be read is an entry too: reported, it takes its place on the page, or
+/// travels in the cursor like a matching record.
+async fn entries(
+    store: &Backend,
+    conn: &mut crate::conn::Conn,
+    node: &Node,
+    keys: Vec<String>,
+    query: &ScanQuery,
+    now: Timestamp,
+) -> Result<Vec<(String, ScanEntry)>, StoreError> {
+    let batch = read_records(store, conn, node, &keys).await?;
+    let mut entries = Vec::with_capacity(keys.len());
+    for (key, read) in keys.into_iter().zip(batch) {
+        let entry = match read {
+            Ok(Some(record)) => query.entry(None, Ok(Some(record)), now)?,
+            Ok(None) => None,
+            Err(err) => Some(ScanEntry::Unreadable(UnreadableRecord::from_error(
+                err, None,
+            )?)),
+        };
+        entries.extend(entry.map(|entry| (key, entry)));
+    }
+    Ok(entries)
 }
 
 /// Reads the values at `keys` on `node` in one pipeline of `GET`s: each record (`None` where

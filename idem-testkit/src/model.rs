@@ -124,132 +124,87 @@ impl Model {
 /// A worker's view of one key: its lease in the store and in the model.
 type Held = HashMap<(usize, usize), (Lease, Lease)>;
 
-async fn run_program(h: &impl Harness, ops: &[Op]) -> Result<(), TestCaseError> {
-    let store = h.store();
-    let keys: Vec<RecordKey> = (0..KEYS)
-        .map(|k| RecordKey::unscoped(IdempotencyKey::new(format!("model-{k}")).expect("key")))
-        .collect();
-    let mut model = Model {
-        records: HashMap::new(),
-        now: Timestamp::from_micros(1_700_000_000_000_000),
-        last_fence: Fence::new(0),
-    };
-    let mut held: Held = HashMap::new();
-    let mut store_fences: HashMap<usize, Fence> = HashMap::new();
-    for (index, op) in ops.iter().enumerate() {
-        let at = format!("step {index} ({op:?})");
-        match *op {
-            Op::Advance(secs) => {
-                h.advance(Duration::from_secs(secs)).await;
-                model.now = model.now.saturating_add(Duration::from_secs(secs));
-            }
-            Op::Claim(w, k, payload) => {
-                let request =
-                    ClaimRequest::new(keys[k].clone(), Fingerprint::of(&[&[payload]]), LEASE);
-                let got = store.claim(&request).await;
-                let step = machine::claim(
-                    model.records.get(&k),
-                    &request,
-                    model.now,
-                    model.last_fence.successor(),
-                    OwnerToken::random(),
-                )
-                .map_err(|e| TestCaseError::fail(format!("model error {e}")))?;
-                let want = model.apply(k, step);
-                compare_claims(&got, &want, &at)?;
-                if let (
-                    Ok(ClaimOutcome::Acquired { lease: s, .. }),
-                    ClaimOutcome::Acquired { lease: m, .. },
-                ) = (&got, &want)
-                {
-                    if let Some(last) = store_fences.insert(k, s.fence) {
-                        prop_assert!(s.fence > last, "{at}: fence {} after {last}", s.fence);
-                    }
-                    for (&(other, key), (_, lease)) in &held {
-                        prop_assert!(
-                            key != k || other == w || lease.until <= model.now,
-                            "{at}: worker {w} was granted key {k} while worker {other} holds a live lease"
-                        );
-                    }
-                    held.insert((w, k), (s.clone(), m.clone()));
-                }
-            }
-            Op::Heartbeat(w, k) => {
-                let Some((s, m)) = held.get(&(w, k)).cloned() else {
-                    continue;
-                };
-                let got = store.heartbeat(&s, LEASE).await;
-                let want = machine::heartbeat(
-                    model.records.get(&k),
-                    &m,
-                    LEASE,
-                    model.now,
-                    LeasePolicy::Lenient,
-                )
-                .map(|step| model.apply(k, step));
-                compare_results(&got, &want, &at)?;
-                if let (Ok(s), Ok(m)) = (got, want) {
-                    held.insert((w, k), (s, m));
-                }
-            }
-            Op::Complete(w, k) => {
-                let Some((s, m)) = held.get(&(w, k)).cloned() else {
-                    continue;
-                };
-                let result = Bytes::from(format!("worker {w}"));
-                let got = store.complete(&s, result.clone(), RETENTION).await;
-                let want = machine::complete(
-                    model.records.get(&k),
-                    &m,
-                    result,
-                    RETENTION,
-                    model.now,
-                    LeasePolicy::Lenient,
-                )
-                .map(|step| model.apply(k, step));
-                compare_results(&got, &want, &at)?;
-                held.remove(&(w, k));
-            }
-            Op::Fail(w, k, retryable) => {
-                let Some((s, m)) = held.get(&(w, k)).cloned() else {
-                    continue;
-                };
-                let failure = if retryable {
-                    Failure::retryable("transient")
-                } else {
-                    Failure::permanent("permanent")
-                };
-                let got = store.fail(&s, failure.clone(), RETENTION).await;
-                let want = machine::fail(
-                    model.records.get(&k),
-                    &m,
-                    failure,
-                    RETENTION,
-                    model.now,
-                    LeasePolicy::Lenient,
-                )
-                .map(|step| model.apply(k, step));
-                compare_results(&got, &want, &at)?;
-                held.remove(&(w, k));
-            }
-            Op::Release(w, k) => {
-                let Some((s, m)) = held.get(&(w, k)).cloned() else {
-                    continue;
-                };
-                let got = store.release(&s).await;
-                let want = machine::release(model.records.get(&k), &m, model.now)
-                    .map(|step| model.apply(k, step));
-                compare_results(&got, &want, &at)?;
-                held.remove(&(w, k));
-            }
+/// A program's run beside the store: the keys, the model, the leases each worker holds (in
+/// the store and in the model), and the last fence the store granted on each key.
+struct Run {
+    keys: Vec<RecordKey>,
+    model: Model,
+    held: Held,
+    store_fences: HashMap<usize, Fence>,
+}
+
+impl Run {
+    fn new() -> Self {
+        Run {
+            keys: (0..KEYS)
+                .map(|k| {
+                    RecordKey::unscoped(IdempotencyKey::new(format!("model-{k}")).expect("key"))
+                })
+                .collect(),
+            model: Model {
+                records: HashMap::new(),
+                now: Timestamp::from_micros(1_700_000_000_000_000),
+                last_fence: Fence::new(0),
+            },
+            held: HashMap::new(),
+            store_fences: HashMap::new(),
         }
-        // The stored state agrees with the model's after every step.
-        for (k, key) in keys.iter().enumerate() {
+    }
+
+    /// Worker `w` claims key `k` of the store and of the model: the two answer alike, a
+    /// granted fence is above the key's last, and no other worker holds a live lease on it.
+    async fn claim(
+        &mut self,
+        store: &dyn Store,
+        w: usize,
+        k: usize,
+        payload: u8,
+        at: &str,
+    ) -> Result<(), TestCaseError> {
+        let request =
+            ClaimRequest::new(self.keys[k].clone(), Fingerprint::of(&[&[payload]]), LEASE);
+        let got = store.claim(&request).await;
+        let step = machine::claim(
+            self.model.records.get(&k),
+            &request,
+            self.model.now,
+            self.model.last_fence.successor(),
+            OwnerToken::random(),
+        )
+        .map_err(|e| TestCaseError::fail(format!("model error {e}")))?;
+        let want = self.model.apply(k, step);
+        compare_claims(&got, &want, at)?;
+        if let (
+            Ok(ClaimOutcome::Acquired { lease: s, .. }),
+            ClaimOutcome::Acquired { lease: m, .. },
+        ) = (&got, &want)
+        {
+            if let Some(last) = self.store_fences.insert(k, s.fence) {
+                prop_assert!(s.fence > last, "{at}: fence {} after {last}", s.fence);
+            }
+            for (&(other, key), (_, lease)) in &self.held {
+                prop_assert!(
+                    key != k || other == w || lease.until <= self.model.now,
+                    "{at}: worker {w} was granted key {k} while worker {other} holds a live lease"
+                );
+            }
+            self.held.insert((w, k), (s.clone(), m.clone()));
+        }
+        Ok(())
+    }
+
+    /// The stored state of every key agrees with the model's.
+    async fn check_stored(&self, store: &dyn Store, at: &str) -> Result<(), TestCaseError> {
+        for (k, key) in self.keys.iter().enumerate() {
             let stored = store
                 .get(key)
                 .await
                 .map_err(|e| TestCaseError::fail(format!("{at}: get: {e}")))?;
-            let modelled = model.records.get(&k).filter(|r| !r.is_expired(model.now));
+            let modelled = self
+                .model
+                .records
+                .get(&k)
+                .filter(|r| !r.is_expired(self.model.now));
             prop_assert_eq!(
                 stored.as_ref().map(|r| (
                     r.state,
@@ -270,6 +225,92 @@ async fn run_program(h: &impl Harness, ops: &[Op]) -> Result<(), TestCaseError> 
                 k
             );
         }
+        Ok(())
+    }
+}
+
+async fn run_program(h: &impl Harness, ops: &[Op]) -> Result<(), TestCaseError> {
+    let store = h.store();
+    let mut run = Run::new();
+    for (index, op) in ops.iter().enumerate() {
+        let at = format!("step {index} ({op:?})");
+        match *op {
+            Op::Advance(secs) => {
+                h.advance(Duration::from_secs(secs)).await;
+                run.model.now = run.model.now.saturating_add(Duration::from_secs(secs));
+            }
+            Op::Claim(w, k, payload) => run.claim(store.as_ref(), w, k, payload, &at).await?,
+            Op::Heartbeat(w, k) => {
+                let Some((s, m)) = run.held.get(&(w, k)).cloned() else {
+                    continue;
+                };
+                let got = store.heartbeat(&s, LEASE).await;
+                let want = machine::heartbeat(
+                    run.model.records.get(&k),
+                    &m,
+                    LEASE,
+                    run.model.now,
+                    LeasePolicy::Lenient,
+                )
+                .map(|step| run.model.apply(k, step));
+                compare_results(&got, &want, &at)?;
+                if let (Ok(s), Ok(m)) = (got, want) {
+                    run.held.insert((w, k), (s, m));
+                }
+            }
+            Op::Complete(w, k) => {
+                let Some((s, m)) = run.held.get(&(w, k)).cloned() else {
+                    continue;
+                };
+                let result = Bytes::from(format!("worker {w}"));
+                let got = store.complete(&s, result.clone(), RETENTION).await;
+                let want = machine::complete(
+                    run.model.records.get(&k),
+                    &m,
+                    result,
+                    RETENTION,
+                    run.model.now,
+                    LeasePolicy::Lenient,
+                )
+                .map(|step| run.model.apply(k, step));
+                compare_results(&got, &want, &at)?;
+                run.held.remove(&(w, k));
+            }
+            Op::Fail(w, k, retryable) => {
+                let Some((s, m)) = run.held.get(&(w, k)).cloned() else {
+                    continue;
+                };
+                let failure = if retryable {
+                    Failure::retryable("transient")
+                } else {
+                    Failure::permanent("permanent")
+                };
+                let got = store.fail(&s, failure.clone(), RETENTION).await;
+                let want = machine::fail(
+                    run.model.records.get(&k),
+                    &m,
+                    failure,
+                    RETENTION,
+                    run.model.now,
+                    LeasePolicy::Lenient,
+                )
+                .map(|step| run.model.apply(k, step));
+                compare_results(&got, &want, &at)?;
+                run.held.remove(&(w, k));
+            }
+            Op::Release(w, k) => {
+                let Some((s, m)) = run.held.get(&(w, k)).cloned() else {
+                    continue;
+                };
+                let got = store.release(&s).await;
+                let want = machine::release(run.model.records.get(&k), &m, run.model.now)
+                    .map(|step| run.model.apply(k, step));
+                compare_results(&got, &want, &at)?;
+                run.held.remove(&(w, k));
+            }
+        }
+        // The stored state agrees with the model's after every step.
+        run.check_stored(store.as_ref(), &at).await?;
     }
     Ok(())
 }

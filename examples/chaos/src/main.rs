@@ -390,7 +390,6 @@ async fn cleanup(urls: &Urls, names: &Names, pg: &tokio_postgres::Client) {
 async fn work(names: &Names) -> Result<(), Error> {
     let urls = Urls::from_env();
     let worker = std::process::id();
-    let worker_id = i32::try_from(worker % 1_000_000).unwrap_or(0);
     let insert = format!(
         "INSERT INTO {} (job, worker) VALUES ($1, $2)",
         names.effects()
@@ -400,77 +399,9 @@ async fn work(names: &Names) -> Result<(), Error> {
         .with_initial_delay(Duration::from_millis(100))
         .with_max_delay(Duration::from_secs(2))?
         .with_max_attempts(std::num::NonZeroU32::new(10_000).ok_or("attempts")?);
-    let handler: Arc<dyn Fn(Job) -> DispositionFuture + Send + Sync> = match names.store.as_str() {
-        "postgres" => {
-            let config = PostgresConfig::new(&urls.postgres)?
-                .with_schema(&names.schema())?
-                .with_migrate_on_connect(false);
-            let store = PostgresStore::connect(config).await?;
-            let guard = JobGuard::builder(Arc::new(store.clone()))
-                .job_type("chaos")
-                .worker_id(worker.to_string())
-                .lease(LEASE)
-                .retry_policy(policy)
-                .build()?;
-            let guard = PgJobGuard::new(guard, store);
-            Arc::new(move |job: Job| -> DispositionFuture {
-                let (guard, insert) = (guard.clone(), insert.clone());
-                Box::pin(async move {
-                    let Some(n) = job_number(&job.key) else {
-                        return Disposition::DeadLetter;
-                    };
-                    guard
-                        .run_in_tx(
-                            &job.key,
-                            job.fingerprint,
-                            job.delivery,
-                            async |_ctx: JobContext, tx: &Transaction<'_>| {
-                                tx.execute(insert.as_str(), &[&n, &worker_id])
-                                    .await
-                                    .transient()?;
-                                Ok::<_, JobError>(n)
-                            },
-                        )
-                        .await
-                        .disposition
-                })
-            })
-        }
-        _ => {
-            let store = RedisStore::connect(
-                RedisConfig::new(urls.redis.clone())?
-                    .with_namespace(format!("chaos.{}", names.tag))?,
-            )
-            .await?;
-            let guard = JobGuard::builder(Arc::new(store))
-                .job_type("chaos")
-                .worker_id(worker.to_string())
-                .store_label("redis")
-                .lease(LEASE)
-                .retention(Duration::from_secs(600))
-                .retry_policy(policy)
-                .build()?;
-            let pg = Arc::new(pg_client(&urls.postgres).await?);
-            Arc::new(move |job: Job| -> DispositionFuture {
-                let (guard, insert, pg) = (guard.clone(), insert.clone(), pg.clone());
-                Box::pin(async move {
-                    let Some(n) = job_number(&job.key) else {
-                        return Disposition::DeadLetter;
-                    };
-                    guard
-                        .run_delivery(&job.key, job.fingerprint, job.delivery, |_ctx| async move {
-                            // The effect commits on its own: a kill after it and before the
-                            // record is the duplicate window this run counts.
-                            pg.execute(insert.as_str(), &[&n, &worker_id])
-                                .await
-                                .unknown_outcome()?;
-                            Ok::<_, JobError>(n)
-                        })
-                        .await
-                        .disposition
-                })
-            })
-        }
+    let handler: Handler = match names.store.as_str() {
+        "postgres" => postgres_handler(&urls, names, policy, insert, worker).await?,
+        _ => redis_handler(&urls, names, policy, insert, worker).await?,
     };
     let stop = CancellationToken::new();
     let handle = move |job: Job| handler(job);
@@ -487,6 +418,98 @@ async fn work(names: &Names) -> Result<(), Error> {
                 .await
         }
     }
+}
+
+/// What a worker does with a job.
+type Handler = Arc<dyn Fn(Job) -> DispositionFuture + Send + Sync>;
+
+/// The handler of a worker on PostgreSQL: the effect (`insert`) commits with the record, in
+/// the job's transaction.
+async fn postgres_handler(
+    urls: &Urls,
+    names: &Names,
+    policy: RetryPolicy,
+    insert: String,
+    worker: u32,
+) -> Result<Handler, Error> {
+    let worker_id = i32::try_from(worker % 1_000_000).unwrap_or(0);
+    let config = PostgresConfig::new(&urls.postgres)?
+        .with_schema(&names.schema())?
+        .with_migrate_on_connect(false);
+    let store = PostgresStore::connect(config).await?;
+    let guard = JobGuard::builder(Arc::new(store.clone()))
+        .job_type("chaos")
+        .worker_id(worker.to_string())
+        .lease(LEASE)
+        .retry_policy(policy)
+        .build()?;
+    let guard = PgJobGuard::new(guard, store);
+    Ok(Arc::new(move |job: Job| -> DispositionFuture {
+        let (guard, insert) = (guard.clone(), insert.clone());
+        Box::pin(async move {
+            let Some(n) = job_number(&job.key) else {
+                return Disposition::DeadLetter;
+            };
+            guard
+                .run_in_tx(
+                    &job.key,
+                    job.fingerprint,
+                    job.delivery,
+                    async |_ctx: JobContext, tx: &Transaction<'_>| {
+                        tx.execute(insert.as_str(), &[&n, &worker_id])
+                            .await
+                            .transient()?;
+                        Ok::<_, JobError>(n)
+                    },
+                )
+                .await
+                .disposition
+        })
+    }))
+}
+
+/// The handler of a worker on Redis: the effect (`insert`) commits in PostgreSQL on its own,
+/// before the record.
+async fn redis_handler(
+    urls: &Urls,
+    names: &Names,
+    policy: RetryPolicy,
+    insert: String,
+    worker: u32,
+) -> Result<Handler, Error> {
+    let worker_id = i32::try_from(worker % 1_000_000).unwrap_or(0);
+    let store = RedisStore::connect(
+        RedisConfig::new(urls.redis.clone())?.with_namespace(format!("chaos.{}", names.tag))?,
+    )
+    .await?;
+    let guard = JobGuard::builder(Arc::new(store))
+        .job_type("chaos")
+        .worker_id(worker.to_string())
+        .store_label("redis")
+        .lease(LEASE)
+        .retention(Duration::from_secs(600))
+        .retry_policy(policy)
+        .build()?;
+    let pg = Arc::new(pg_client(&urls.postgres).await?);
+    Ok(Arc::new(move |job: Job| -> DispositionFuture {
+        let (guard, insert, pg) = (guard.clone(), insert.clone(), pg.clone());
+        Box::pin(async move {
+            let Some(n) = job_number(&job.key) else {
+                return Disposition::DeadLetter;
+            };
+            guard
+                .run_delivery(&job.key, job.fingerprint, job.delivery, |_ctx| async move {
+                    // The effect commits on its own: a kill after it and before the
+                    // record is the duplicate window this run counts.
+                    pg.execute(insert.as_str(), &[&n, &worker_id])
+                        .await
+                        .unknown_outcome()?;
+                    Ok::<_, JobError>(n)
+                })
+                .await
+                .disposition
+        })
+    }))
 }
 
 /// The job number in `job:<n>`.

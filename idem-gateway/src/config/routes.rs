@@ -55,41 +55,7 @@ fn settings(
     at: Option<usize>,
     warnings: &mut Warnings,
 ) -> Result<RouteSettings, ConfigError> {
-    let lease_at = position(section.lease.as_ref(), at);
-    let lease = positive(
-        lease_override
-            .or(section.lease.as_ref().map(|d| d.get_ref().0))
-            .unwrap_or(parent.lease),
-        "the lease",
-        origin,
-        lease_at,
-    )?;
-    // A heartbeat not set here is inherited; when this level changes the lease, it is also
-    // kept to at most a third of the new lease.
-    let heartbeat_at = position(section.heartbeat.as_ref(), lease_at);
-    let heartbeat = match section.heartbeat.as_ref().map(Spanned::get_ref) {
-        Some(HumanDuration(beat)) => *beat,
-        None if lease == parent.lease => parent.heartbeat,
-        None => parent.heartbeat.min(lease / 3),
-    };
-    let heartbeat = positive(heartbeat, "the heartbeat", origin, heartbeat_at)?;
-    if heartbeat >= lease {
-        // A lease from --lease or IDEM_LEASE is named as such: the file's heartbeat may be
-        // fine for the file's own lease.
-        let from = if lease_override.is_some() {
-            ", set by --lease or IDEM_LEASE"
-        } else {
-            ""
-        };
-        return Err(origin.error_at(
-            heartbeat_at,
-            format!(
-                "the heartbeat ({}) must be shorter than the lease ({}{from})",
-                HumanDuration(heartbeat),
-                HumanDuration(lease)
-            ),
-        ));
-    }
+    let (lease, heartbeat) = lease_and_heartbeat(section, parent, lease_override, origin, at)?;
     let retention = positive(
         retention_override
             .or(section.retention.as_ref().map(|d| d.get_ref().0))
@@ -98,34 +64,8 @@ fn settings(
         origin,
         position(section.retention.as_ref(), at),
     )?;
-    let header = match &section.header {
-        Some(name) => {
-            let at = Some(name.span().start);
-            let header = HeaderName::from_bytes(name.get_ref().as_bytes()).map_err(|_| {
-                origin.error_at(
-                    at,
-                    format!("header {:?} is not a header name", name.get_ref()),
-                )
-            })?;
-            lint::key_header(&header, origin, at)?;
-            header
-        }
-        None => parent.header.clone(),
-    };
-    let methods = match &section.methods {
-        Some(methods) if methods.get_ref().is_empty() => {
-            return Err(origin.error_at(
-                Some(methods.span().start),
-                "methods is empty: cover at least one method (or set enabled = false)",
-            ));
-        }
-        Some(written) => {
-            let methods: Vec<_> = written.get_ref().iter().map(|m| m.0.clone()).collect();
-            lint::methods(&methods, origin, Some(written.span().start), warnings)?;
-            methods
-        }
-        None => parent.methods.clone(),
-    };
+    let header = key_header(section, parent, origin)?;
+    let methods = methods(section, parent, origin, warnings)?;
     let wait = match section.wait {
         Some(HumanDuration(d)) if d.is_zero() => None,
         Some(HumanDuration(d)) => Some(d),
@@ -189,6 +129,97 @@ fn settings(
         deny_headers,
         log_keys: section.log_keys.unwrap_or(parent.log_keys),
     })
+}
+
+/// The lease and the heartbeat of a route section over its parent's (`lease_override` from
+/// --lease or IDEM_LEASE): positive, the heartbeat shorter than the lease.
+fn lease_and_heartbeat(
+    section: &RouteSection,
+    parent: &RouteSettings,
+    lease_override: Option<Duration>,
+    origin: &Origin,
+    at: Option<usize>,
+) -> Result<(Duration, Duration), ConfigError> {
+    let lease_at = position(section.lease.as_ref(), at);
+    let lease = positive(
+        lease_override
+            .or(section.lease.as_ref().map(|d| d.get_ref().0))
+            .unwrap_or(parent.lease),
+        "the lease",
+        origin,
+        lease_at,
+    )?;
+    // A heartbeat not set here is inherited; when this level changes the lease, it is also
+    // kept to at most a third of the new lease.
+    let heartbeat_at = position(section.heartbeat.as_ref(), lease_at);
+    let heartbeat = match section.heartbeat.as_ref().map(Spanned::get_ref) {
+        Some(HumanDuration(beat)) => *beat,
+        None if lease == parent.lease => parent.heartbeat,
+        None => parent.heartbeat.min(lease / 3),
+    };
+    let heartbeat = positive(heartbeat, "the heartbeat", origin, heartbeat_at)?;
+    if heartbeat >= lease {
+        // A lease from --lease or IDEM_LEASE is named as such: the file's heartbeat may be
+        // fine for the file's own lease.
+        let from = if lease_override.is_some() {
+            ", set by --lease or IDEM_LEASE"
+        } else {
+            ""
+        };
+        return Err(origin.error_at(
+            heartbeat_at,
+            format!(
+                "the heartbeat ({}) must be shorter than the lease ({}{from})",
+                HumanDuration(heartbeat),
+                HumanDuration(lease)
+            ),
+        ));
+    }
+    Ok((lease, heartbeat))
+}
+
+/// The key header of a route section over its parent's: a header name that may carry a key.
+fn key_header(
+    section: &RouteSection,
+    parent: &RouteSettings,
+    origin: &Origin,
+) -> Result<HeaderName, ConfigError> {
+    match &section.header {
+        Some(name) => {
+            let at = Some(name.span().start);
+            let header = HeaderName::from_bytes(name.get_ref().as_bytes()).map_err(|_| {
+                origin.error_at(
+                    at,
+                    format!("header {:?} is not a header name", name.get_ref()),
+                )
+            })?;
+            lint::key_header(&header, origin, at)?;
+            Ok(header)
+        }
+        None => Ok(parent.header.clone()),
+    }
+}
+
+/// The methods a route section covers over its parent's: at least one (a foot-gun among them
+/// refused or warned about).
+fn methods(
+    section: &RouteSection,
+    parent: &RouteSettings,
+    origin: &Origin,
+    warnings: &mut Warnings,
+) -> Result<Vec<http::Method>, ConfigError> {
+    match &section.methods {
+        Some(methods) if methods.get_ref().is_empty() => Err(origin.error_at(
+            Some(methods.span().start),
+            "methods is empty: cover at least one method (or set enabled = false)",
+        )),
+        Some(written) => {
+            let methods: Vec<_> = written.get_ref().iter().map(|m| m.0.clone()).collect();
+            lint::methods(&methods, origin, Some(written.span().start), warnings)?;
+            Ok(methods)
+        }
+        None => Ok(parent.methods.clone()),
+    }
 }
 
 /// The `[[route]]` entries over `[idempotency]`, then the catch-all route of `[idempotency]`.

@@ -202,9 +202,136 @@ pub(crate) async fn check(args: &Args) -> Result<(), Failure> {
     let mut problems = Vec::new();
 
     // Answers per second of the run.
+    let statuses = print_timeline(store, &sent, start, [down, up, ready], &mut problems);
+
+    // The outage: a request sent after the kill and answered before the restart got a 503.
+    let (inside, inside_bad) = outage(&sent, down, up, &mut problems);
+    let first_ok = sent
+        .iter()
+        .filter(|s| s.done > up && (200..300).contains(&s.status))
+        .map(|s| s.done)
+        .min();
+    let Some(first_ok) = first_ok else {
+        problems.push("no 2xx after the restart: the gateway did not recover".into());
+        return report(store, &problems);
+    };
+
+    // Retry every key until it has a 2xx.
+    let keys: Arc<Vec<String>> = Arc::new(sent.iter().map(|s| s.key.clone()).collect());
+    let distinct: HashSet<&String> = keys.iter().collect();
+    if distinct.len() != keys.len() {
+        problems.push("a key was sent twice during the run".into());
+    }
+    let settled = settle_all(&http, keys.clone(), connections, Instant::now() + patience).await;
+    let retried = Retried::of(&sent, &settled, &lost);
+    let executed_again = retried.executed_again;
+    let executions = fixture.counter().await.map_err(Failure::Usage)?;
+    let expected = keys.len() as u64 + executed_again;
+    retried.check(patience, &mut problems);
+    if executions != expected {
+        problems.push(format!(
+            "the upstream ran {executions} times for {} keys and {executed_again} second executions (expected {expected})",
+            keys.len()
+        ));
+    }
+
+    // Once more: every key is now a replay, and nothing runs.
+    let deadline = Instant::now() + patience;
+    check_replays(
+        &http,
+        keys.clone(),
+        connections,
+        deadline,
+        &fixture,
+        executions,
+        &mut problems,
+    )
+    .await?;
+
+    let n = |status: u16| statuses.get(&status).copied().unwrap_or(0);
+    let other: u64 = statuses
+        .iter()
+        .filter(|(s, _)| ![201, 503, 500].contains(*s))
+        .map(|(_, n)| n)
+        .sum();
+    println!(
+        "{store}: {} requests, {} inside the outage (all 503: {}); {} keys answered 503, each executed once on retry; \
+         {} completions not stored (gateway warnings), {executed_again} of them ran again on retry; \
+         upstream executions {executions} = {} distinct keys + {executed_again}",
+        sent.len(),
+        inside,
+        inside_bad == 0,
+        n(503),
+        lost.len(),
+        keys.len(),
+    );
+    let last_503_after = last_503_after(&sent, up);
+    println!(
+        "| {store} | {} | {} | {} | {} | {} | {} | {} | {} | {last_503_after} | {executions} | {} | {} / {executed_again} | {} |",
+        sent.len(),
+        n(201),
+        n(503),
+        n(500),
+        other,
+        secs(up.saturating_sub(down)),
+        secs(ready.saturating_sub(up)),
+        secs(first_ok - up),
+        keys.len(),
+        lost.len(),
+        if problems.is_empty() { "pass" } else { "FAIL" },
+    );
+    report(store, &problems)
+}
+
+/// The requests sent after the kill and answered before the restart, and how many of them
+/// were not answered 503 (a problem, as is an outage no request fell in).
+fn outage(sent: &[Sent], down: u64, up: u64, problems: &mut Vec<String>) -> (usize, usize) {
+    let inside: Vec<&Sent> = sent
+        .iter()
+        .filter(|s| s.sent >= down && s.done <= up)
+        .collect();
+    let inside_bad = inside.iter().filter(|s| s.status != 503).count();
+    if inside.is_empty() {
+        problems.push("no request fell inside the outage".into());
+    }
+    if inside_bad > 0 {
+        problems.push(format!(
+            "{inside_bad} requests inside the outage were not answered 503"
+        ));
+    }
+    (inside.len(), inside_bad)
+}
+
+/// How long after the restart (`up`) the last 503 was answered: `-` if none was, `before` if
+/// none was after it.
+fn last_503_after(sent: &[Sent], up: u64) -> String {
+    let last_503 = sent
+        .iter()
+        .filter(|s| s.status == 503)
+        .map(|s| s.done)
+        .max();
+    last_503.map_or("-".into(), |t| {
+        if t > up {
+            secs(t - up)
+        } else {
+            "before".into()
+        }
+    })
+}
+
+/// Prints the answers of each second of the run by status (`[down, up, ready]`: when the
+/// store was killed, restarted, and answering again); a status other than 201 and 503 is a
+/// problem. The answers by status.
+fn print_timeline(
+    store: &str,
+    sent: &[Sent],
+    start: u64,
+    [down, up, ready]: [u64; 3],
+    problems: &mut Vec<String>,
+) -> BTreeMap<u16, u64> {
     let mut timeline: BTreeMap<u64, BTreeMap<u16, u64>> = BTreeMap::new();
     let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
-    for s in &sent {
+    for s in sent {
         *timeline
             .entry(s.done.saturating_sub(start) / 1000)
             .or_default()
@@ -229,93 +356,87 @@ pub(crate) async fn check(args: &Args) -> Result<(), Failure> {
             ));
         }
     }
+    statuses
+}
 
-    // The outage: a request sent after the kill and answered before the restart got a 503.
-    let inside: Vec<&Sent> = sent
-        .iter()
-        .filter(|s| s.sent >= down && s.done <= up)
-        .collect();
-    let inside_bad = inside.iter().filter(|s| s.status != 503).count();
-    if inside.is_empty() {
-        problems.push("no request fell inside the outage".into());
-    }
-    if inside_bad > 0 {
-        problems.push(format!(
-            "{inside_bad} requests inside the outage were not answered 503"
-        ));
-    }
-    let first_ok = sent
-        .iter()
-        .filter(|s| s.done > up && (200..300).contains(&s.status))
-        .map(|s| s.done)
-        .min();
-    let last_503 = sent
-        .iter()
-        .filter(|s| s.status == 503)
-        .map(|s| s.done)
-        .max();
-    let Some(first_ok) = first_ok else {
-        problems.push("no 2xx after the restart: the gateway did not recover".into());
-        return report(store, &problems);
-    };
+/// What retrying every key found, against each key's first answer.
+struct Retried {
+    /// Keys answered 2xx that ran again (their completion was not stored).
+    executed_again: u64,
+    /// Of those, keys the gateway did not log as not stored.
+    executed_again_unlogged: Vec<String>,
+    /// Keys answered 503 whose retry was a replay: they had run.
+    ran_despite_503: Vec<String>,
+    /// Keys with no 2xx on retry, with their last status.
+    unsettled: Vec<String>,
+}
 
-    // Retry every key until it has a 2xx.
-    let keys: Arc<Vec<String>> = Arc::new(sent.iter().map(|s| s.key.clone()).collect());
-    let distinct: HashSet<&String> = keys.iter().collect();
-    if distinct.len() != keys.len() {
-        problems.push("a key was sent twice during the run".into());
-    }
-    let settled = settle_all(&http, keys.clone(), connections, Instant::now() + patience).await;
-    let mut executed_again = 0u64;
-    let mut executed_again_unlogged = Vec::new();
-    let mut ran_despite_503 = Vec::new();
-    let mut unsettled = Vec::new();
-    for (s, answer) in sent.iter().zip(&settled) {
-        let first_ok = (200..300).contains(&s.status);
-        if !answer.success() {
-            unsettled.push(format!("{} ({})", s.key, answer.status));
-        } else if first_ok && !answer.replayed {
-            executed_again += 1;
-            if !lost.contains(&s.key) {
-                executed_again_unlogged.push(s.key.clone());
+impl Retried {
+    fn of(sent: &[Sent], settled: &[Answer], lost: &HashSet<String>) -> Self {
+        let mut retried = Retried {
+            executed_again: 0,
+            executed_again_unlogged: Vec::new(),
+            ran_despite_503: Vec::new(),
+            unsettled: Vec::new(),
+        };
+        for (s, answer) in sent.iter().zip(settled) {
+            let first_ok = (200..300).contains(&s.status);
+            if !answer.success() {
+                retried
+                    .unsettled
+                    .push(format!("{} ({})", s.key, answer.status));
+            } else if first_ok && !answer.replayed {
+                retried.executed_again += 1;
+                if !lost.contains(&s.key) {
+                    retried.executed_again_unlogged.push(s.key.clone());
+                }
+            } else if s.status == 503 && answer.replayed {
+                retried.ran_despite_503.push(s.key.clone());
             }
-        } else if s.status == 503 && answer.replayed {
-            ran_despite_503.push(s.key.clone());
+        }
+        retried
+    }
+
+    /// The problems among them: keys unsettled (after `patience`), run again unlogged, or run
+    /// despite their 503.
+    fn check(&self, patience: Duration, problems: &mut Vec<String>) {
+        if !self.unsettled.is_empty() {
+            problems.push(format!(
+                "{} keys had no 2xx after retrying for {} s, e.g. {:?}",
+                self.unsettled.len(),
+                patience.as_secs(),
+                &self.unsettled[..self.unsettled.len().min(5)]
+            ));
+        }
+        if !self.executed_again_unlogged.is_empty() {
+            problems.push(format!(
+                "{} keys answered 2xx ran again on retry without a failed completion, e.g. {:?}",
+                self.executed_again_unlogged.len(),
+                &self.executed_again_unlogged[..self.executed_again_unlogged.len().min(5)]
+            ));
+        }
+        if !self.ran_despite_503.is_empty() {
+            problems.push(format!(
+                "{} keys answered 503 had run (their retry was a replay), e.g. {:?}",
+                self.ran_despite_503.len(),
+                &self.ran_despite_503[..self.ran_despite_503.len().min(5)]
+            ));
         }
     }
-    let executions = fixture.counter().await.map_err(Failure::Usage)?;
-    let expected = keys.len() as u64 + executed_again;
-    if !unsettled.is_empty() {
-        problems.push(format!(
-            "{} keys had no 2xx after retrying for {} s, e.g. {:?}",
-            unsettled.len(),
-            patience.as_secs(),
-            &unsettled[..unsettled.len().min(5)]
-        ));
-    }
-    if !executed_again_unlogged.is_empty() {
-        problems.push(format!(
-            "{} keys answered 2xx ran again on retry without a failed completion, e.g. {:?}",
-            executed_again_unlogged.len(),
-            &executed_again_unlogged[..executed_again_unlogged.len().min(5)]
-        ));
-    }
-    if !ran_despite_503.is_empty() {
-        problems.push(format!(
-            "{} keys answered 503 had run (their retry was a replay), e.g. {:?}",
-            ran_despite_503.len(),
-            &ran_despite_503[..ran_despite_503.len().min(5)]
-        ));
-    }
-    if executions != expected {
-        problems.push(format!(
-            "the upstream ran {executions} times for {} keys and {executed_again} second executions (expected {expected})",
-            keys.len()
-        ));
-    }
+}
 
-    // Once more: every key is now a replay, and nothing runs.
-    let again = settle_all(&http, keys.clone(), connections, Instant::now() + patience).await;
+/// Retries every key once more: each is a replay, and the upstream (`fixture`, at
+/// `executions`) runs no more.
+async fn check_replays(
+    http: &Http,
+    keys: Arc<Vec<String>>,
+    connections: usize,
+    deadline: Instant,
+    fixture: &Http,
+    executions: u64,
+    problems: &mut Vec<String>,
+) -> Result<(), Failure> {
+    let again = settle_all(http, keys, connections, deadline).await;
     let not_replayed = again
         .iter()
         .filter(|a| !(a.success() && a.replayed))
@@ -332,46 +453,7 @@ pub(crate) async fn check(args: &Args) -> Result<(), Failure> {
             executions_after.saturating_sub(executions)
         ));
     }
-
-    let n = |status: u16| statuses.get(&status).copied().unwrap_or(0);
-    let other: u64 = statuses
-        .iter()
-        .filter(|(s, _)| ![201, 503, 500].contains(*s))
-        .map(|(_, n)| n)
-        .sum();
-    println!(
-        "{store}: {} requests, {} inside the outage (all 503: {}); {} keys answered 503, each executed once on retry; \
-         {} completions not stored (gateway warnings), {executed_again} of them ran again on retry; \
-         upstream executions {executions} = {} distinct keys + {executed_again}",
-        sent.len(),
-        inside.len(),
-        inside_bad == 0,
-        n(503),
-        lost.len(),
-        keys.len(),
-    );
-    let last_503_after = last_503.map_or("-".into(), |t| {
-        if t > up {
-            secs(t - up)
-        } else {
-            "before".into()
-        }
-    });
-    println!(
-        "| {store} | {} | {} | {} | {} | {} | {} | {} | {} | {last_503_after} | {executions} | {} | {} / {executed_again} | {} |",
-        sent.len(),
-        n(201),
-        n(503),
-        n(500),
-        other,
-        secs(up.saturating_sub(down)),
-        secs(ready.saturating_sub(up)),
-        secs(first_ok - up),
-        keys.len(),
-        lost.len(),
-        if problems.is_empty() { "pass" } else { "FAIL" },
-    );
-    report(store, &problems)
+    Ok(())
 }
 
 fn report(store: &str, problems: &[String]) -> Result<(), Failure> {

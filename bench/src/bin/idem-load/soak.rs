@@ -220,6 +220,63 @@ pub(crate) async fn soak(args: &Args) -> Result<(), Failure> {
     }
 
     // Resident memory every `sample`, until the workers are done.
+    let samples = sample_rss(&mut workers, &shared, started, pid, sample).await?;
+    let elapsed = started.elapsed();
+    let executions = fixture.counter().await.map_err(Failure::Usage)? - executions_before;
+    let counts = shared
+        .counts
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let mut problems = Vec::new();
+
+    // Statuses per kind.
+    let total: u64 = counts.values().sum();
+    println!(
+        "{total} requests in {} s ({:.0}/s, {connections} mixed connections, {conflict_workers} conflict workers)",
+        elapsed.as_secs(),
+        total as f64 / elapsed.as_secs_f64()
+    );
+    println!();
+    let (fresh, late) = print_kinds(&counts, &mut problems);
+    let mut by_status: BTreeMap<String, u64> = BTreeMap::new();
+    for ((_, outcome), n) in &counts {
+        let status = outcome.split(' ').next().unwrap_or_default().to_owned();
+        *by_status.entry(status).or_default() += n;
+    }
+    let statuses: Vec<String> = by_status.iter().map(|(s, n)| format!("{s}: {n}")).collect();
+    println!();
+    println!("statuses: {}", statuses.join(", "));
+    println!("late conflict duplicates (the original had completed: replayed): {late}");
+    println!("upstream executions {executions}, executed (not replayed) 2xx answers {fresh}");
+    if executions != fresh {
+        problems.push(format!(
+            "the upstream ran {executions} times for {fresh} executed answers"
+        ));
+    }
+
+    // Resident memory after the warm-up.
+    let warmup = duration.mul_f64(f64::from(warmup_pct) / 100.0);
+    check_memory(&samples, warmup, sample, max_growth, &mut problems);
+    if problems.is_empty() {
+        println!("soak: pass");
+        return Ok(());
+    }
+    for problem in &problems {
+        println!("soak: FAILED: {problem}");
+    }
+    Err(Failure::Check(format!("{} checks failed", problems.len())))
+}
+
+/// Resident memory of the gateway (`pid`) every `sample` since `started` until the workers
+/// are done, and once more at the end; an error if the gateway is gone.
+async fn sample_rss(
+    workers: &mut JoinSet<()>,
+    shared: &Shared,
+    started: Instant,
+    pid: u32,
+    sample: Duration,
+) -> Result<Vec<(Duration, u64)>, Failure> {
     let mut samples: Vec<(Duration, u64)> = Vec::new();
     let mut ticker = tokio::time::interval(sample);
     loop {
@@ -243,23 +300,12 @@ pub(crate) async fn soak(args: &Args) -> Result<(), Failure> {
     if let Some(rss) = rss_kib(pid) {
         samples.push((started.elapsed(), rss));
     }
-    let elapsed = started.elapsed();
-    let executions = fixture.counter().await.map_err(Failure::Usage)? - executions_before;
-    let counts = shared
-        .counts
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone();
-    let mut problems = Vec::new();
+    Ok(samples)
+}
 
-    // Statuses per kind.
-    let total: u64 = counts.values().sum();
-    println!(
-        "{total} requests in {} s ({:.0}/s, {connections} mixed connections, {conflict_workers} conflict workers)",
-        elapsed.as_secs(),
-        total as f64 / elapsed.as_secs_f64()
-    );
-    println!();
+/// Prints the answers of each kind of request, and counts the unexpected ones as problems:
+/// the executed (not replayed) 2xx answers, and the late conflict duplicates (replayed).
+fn print_kinds(counts: &Counts, problems: &mut Vec<String>) -> (u64, u64) {
     println!("| kind | requests | answers | unexpected |");
     println!("|---|---|---|---|");
     let kinds = [
@@ -302,24 +348,18 @@ pub(crate) async fn soak(args: &Args) -> Result<(), Failure> {
             ));
         }
     }
-    let mut by_status: BTreeMap<String, u64> = BTreeMap::new();
-    for ((_, outcome), n) in &counts {
-        let status = outcome.split(' ').next().unwrap_or_default().to_owned();
-        *by_status.entry(status).or_default() += n;
-    }
-    let statuses: Vec<String> = by_status.iter().map(|(s, n)| format!("{s}: {n}")).collect();
-    println!();
-    println!("statuses: {}", statuses.join(", "));
-    println!("late conflict duplicates (the original had completed: replayed): {late}");
-    println!("upstream executions {executions}, executed (not replayed) 2xx answers {fresh}");
-    if executions != fresh {
-        problems.push(format!(
-            "the upstream ran {executions} times for {fresh} executed answers"
-        ));
-    }
+    (fresh, late)
+}
 
-    // Resident memory after the warm-up.
-    let warmup = duration.mul_f64(f64::from(warmup_pct) / 100.0);
+/// Prints the resident memory after the warm-up (`samples` taken every `sample`); a growth to
+/// `max_growth` percent or more is a problem.
+fn check_memory(
+    samples: &[(Duration, u64)],
+    warmup: Duration,
+    sample: Duration,
+    max_growth: f64,
+    problems: &mut Vec<String>,
+) {
     let after: Vec<u64> = samples
         .iter()
         .filter(|(t, _)| *t >= warmup)
@@ -349,14 +389,6 @@ pub(crate) async fn soak(args: &Args) -> Result<(), Failure> {
         }
         _ => problems.push("no memory sample after the warm-up".into()),
     }
-    if problems.is_empty() {
-        println!("soak: pass");
-        return Ok(());
-    }
-    for problem in &problems {
-        println!("soak: FAILED: {problem}");
-    }
-    Err(Failure::Check(format!("{} checks failed", problems.len())))
 }
 
 #[cfg(test)]
