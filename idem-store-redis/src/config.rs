@@ -196,38 +196,6 @@ impl RedisConfig {
         Ok(RedisConfig::with_nodes(Nodes::Cluster(seeds)))
     }
 
-    /// A single server or a Redis Cluster, named by one URL: a single server as for
-    /// [`RedisConfig::new`], or a Cluster as `redis+cluster://HOST:PORT,HOST:PORT[/...]`
-    /// (`rediss+cluster://` for TLS): its seed nodes, each with the URL's credentials and
-    /// what follows the hosts. The form a command line or a configuration file takes.
-    ///
-    /// ```
-    /// use idem_store_redis::RedisConfig;
-    ///
-    /// assert!(!RedisConfig::from_url("redis://127.0.0.1:6379")?.is_cluster());
-    /// let cluster = RedisConfig::from_url("redis+cluster://10.0.0.1:7000,10.0.0.2:7000")?;
-    /// assert!(cluster.is_cluster());
-    /// # Ok::<(), idem_store_redis::ConfigError>(())
-    /// ```
-    ///
-    /// # Errors
-    /// As [`RedisConfig::new`], or for a Cluster as [`RedisConfig::cluster`] for any seed.
-    pub fn from_url(url: &str) -> Result<Self, ConfigError> {
-        let Some((scheme, rest)) = url.split_once("+cluster://") else {
-            return RedisConfig::new(url);
-        };
-        let (authority, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
-            None => (String::new(), authority),
-        };
-        RedisConfig::cluster(
-            hosts
-                .split(',')
-                .map(|host| format!("{scheme}://{userinfo}{host}{tail}")),
-        )
-    }
-
     fn with_nodes(nodes: Nodes) -> Self {
         RedisConfig {
             nodes,
@@ -479,28 +447,6 @@ fn check_url(url: &str) -> Result<(), ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_cluster_url_names_every_seed_with_its_credentials() {
-        let config = RedisConfig::from_url("redis+cluster://u:pw@10.0.0.1:7000,10.0.0.2:7001")
-            .expect("a cluster URL");
-        assert!(
-            config.nodes
-                == Nodes::Cluster(vec![
-                    "redis://u:pw@10.0.0.1:7000".to_owned(),
-                    "redis://u:pw@10.0.0.2:7001".to_owned(),
-                ])
-        );
-        assert!(
-            !RedisConfig::from_url("redis://10.0.0.1:7000/2")
-                .expect("a server URL")
-                .is_cluster()
-        );
-        assert!(matches!(
-            RedisConfig::from_url("redis+cluster://10.0.0.1:7000,10.0.0.2:x"),
-            Err(ConfigError::Url { .. })
-        ));
-    }
 
     #[test]
     fn urls_are_checked_and_masked() {

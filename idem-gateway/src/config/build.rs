@@ -8,6 +8,7 @@ use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use http::HeaderName;
+use idem::{OpenError, OpenOptions, StoreSpec};
 use toml::Spanned;
 
 use super::ConfigError;
@@ -20,9 +21,9 @@ use super::routes::route_configs;
 use super::toml::{
     AdminSection, FileConfig, LogSection, ServerSection, StoreSection, UpstreamSection,
 };
-use super::value::{ByteSize, HumanDuration, ListenAddr, StoreSpec, UpstreamUrl};
+use super::value::{ByteSize, HumanDuration, ListenAddr, UpstreamUrl};
 use crate::fence::FenceHeaders;
-use crate::store::{Backends, SettingError};
+use crate::store::Backends;
 
 /// The shortest admin token taken, in bytes: 16 printable characters are more than 2^100
 /// guesses, so the admin listener may always accept the right token (see
@@ -40,14 +41,14 @@ const LEASE_FLAG: &str = "--lease (or IDEM_LEASE)";
 const RETENTION_FLAG: &str = "--retention (or IDEM_RETENTION)";
 
 /// An override parsed with the file's parser; a bad value names the flag and its variable.
-fn flag<T: std::str::FromStr<Err = String>>(
+fn flag<T: std::str::FromStr<Err: std::fmt::Display>>(
     value: Option<&String>,
     flag: &str,
 ) -> Result<Option<T>, ConfigError> {
     value
         .map(|text| {
             text.parse::<T>()
-                .map_err(|err| ConfigError::new(Some(flag.to_owned()), err))
+                .map_err(|err| ConfigError::new(Some(flag.to_owned()), err.to_string()))
         })
         .transpose()
 }
@@ -404,13 +405,14 @@ fn store_config(
         None => origin.error_at(None, message),
     };
     backends.check(&spec).map_err(at_spec)?;
-    if let Err(err) = crate::store::check_settings(&spec, &namespace) {
-        return Err(match err {
-            SettingError::Url(message) => at_spec(message),
-            SettingError::Namespace(message) => {
-                origin.error_at(store.namespace.as_ref().map(|ns| ns.span().start), message)
-            }
-        });
+    // A store this build lacks was refused above, whatever the client would say.
+    match OpenOptions::new(namespace.as_str()).check(&spec) {
+        Err(OpenError::Url { reason, .. }) => return Err(at_spec(reason)),
+        Err(OpenError::Namespace { reason, .. }) => {
+            let at = store.namespace.as_ref().map(|ns| ns.span().start);
+            return Err(origin.error_at(at, reason));
+        }
+        _ => {}
     }
     let store = StoreConfig {
         spec,

@@ -7,11 +7,12 @@ use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
+use idem::StoreSpec;
 
 use super::ConfigError;
 use super::lint::ConfigWarning;
 use super::toml::{KeyMode, LogFormat, OnStoreError};
-use super::value::{RoutePath, ScopeSpec, StoreSpec, UpstreamUrl};
+use super::value::{RoutePath, ScopeSpec, UpstreamUrl};
 use crate::fence::FenceHeaders;
 
 /// The defaults, in one place (the example config repeats them).

@@ -38,6 +38,7 @@ pub(crate) mod toml;
 pub(crate) mod value;
 
 pub use crate::fence::FenceHeaders;
+pub use idem::StoreSpec;
 pub(crate) use internal::Origin;
 pub use internal::{
     AdminConfig, Config, LogConfig, Overrides, Route, RouteSettings, ServerConfig, StoreConfig,
@@ -46,7 +47,7 @@ pub use internal::{
 pub use lint::ConfigWarning;
 pub use toml::{KeyMode, LogFormat, OnStoreError};
 pub(crate) use value::HumanDuration;
-pub use value::{PathPattern, RoutePath, ScopeSpec, StoreSpec, UpstreamUrl};
+pub use value::{PathPattern, RoutePath, ScopeSpec, UpstreamUrl};
 
 /// A configuration that cannot be used: one line, naming where the bad value is.
 #[derive(Clone, Debug, PartialEq, Eq)]
