@@ -20,7 +20,7 @@ use tower_service::Service;
 
 use crate::body::{GatewayBody, RequestBody, boxed, full};
 use crate::config::toml::{KeyMode, OnStoreError};
-use crate::config::{Config, ConfigError, RoutePath, RouteSettings, ScopeSpec};
+use crate::config::{Config, GatewayConfigError, RoutePath, RouteSettings, ScopeSpec};
 use crate::normal_path::{NormalPath, PathError};
 use crate::proxy::{ClientAddr, Proxy, ProxyError, Tracker};
 
@@ -44,11 +44,11 @@ pub(crate) mod metric {
 /// The idem-http settings of a route.
 ///
 /// # Errors
-/// [`idem_http::ConfigError`] when the layer refuses a setting.
+/// [`idem_http::LayerConfigError`] when the layer refuses a setting.
 pub(crate) fn layer_config(
     settings: &RouteSettings,
     store_label: &'static str,
-) -> Result<idem_http::Config, idem_http::ConfigError> {
+) -> Result<idem_http::Config, idem_http::LayerConfigError> {
     let mut builder = idem_http::Config::builder()
         .header_name(settings.header.as_str())?
         .methods(settings.methods.iter().cloned())
@@ -92,11 +92,12 @@ pub(crate) fn layer_config(
 /// Checks that the layer takes every route's settings (`check-config` and `serve` call this).
 ///
 /// # Errors
-/// [`ConfigError`] naming the route whose settings the layer refuses.
-pub(crate) fn check_routes(config: &Config) -> Result<(), ConfigError> {
+/// [`GatewayConfigError`] naming the route whose settings the layer refuses.
+pub(crate) fn check_routes(config: &Config) -> Result<(), GatewayConfigError> {
     for route in &config.routes {
-        layer_config(&route.settings, config.store.spec.kind())
-            .map_err(|err| ConfigError::new(None, format!("route {:?}: {err}", route.name)))?;
+        layer_config(&route.settings, config.store.spec.kind()).map_err(|err| {
+            GatewayConfigError::new(None, format!("route {:?}: {err}", route.name))
+        })?;
     }
     Ok(())
 }
@@ -152,19 +153,19 @@ impl Gateway {
     /// handles are registered now: install the recorder before.
     ///
     /// # Errors
-    /// [`ConfigError`] when there is no upstream or the layer refuses a route's settings.
+    /// [`GatewayConfigError`] when there is no upstream or the layer refuses a route's settings.
     pub(crate) fn new(
         config: &Config,
         store: Arc<dyn Store>,
         tracker: Tracker,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, GatewayConfigError> {
         let proxy = Proxy::new(config.require_upstream()?, tracker);
         let label = config.store.spec.kind();
         let mut routes = Vec::with_capacity(config.routes.len());
         for route in &config.routes {
             let service = if route.settings.enabled {
                 let layer_config = layer_config(&route.settings, label).map_err(|err| {
-                    ConfigError::new(None, format!("route {:?}: {err}", route.name))
+                    GatewayConfigError::new(None, format!("route {:?}: {err}", route.name))
                 })?;
                 let layer = IdempotencyLayer::from_arc(store.clone(), layer_config);
                 RouteService::Layered(layer.layer(proxy.clone()))

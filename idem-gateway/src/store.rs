@@ -13,7 +13,7 @@ use std::time::Duration;
 use idem::{OpenError, OpenOptions, Store};
 
 use crate::commands::Failure;
-use crate::config::{ConfigError, StoreConfig, StoreSpec};
+use crate::config::{GatewayConfigError, StoreConfig, StoreSpec};
 
 /// The stores a build of idem can open besides the memory store, which every build has. ONE
 /// place decides what a build can run: [`Config::build`](crate::config::Config::build) checks
@@ -163,10 +163,10 @@ pub(crate) async fn open_existing(config: &StoreConfig) -> Result<Arc<dyn Store>
 fn failure(spec: &StoreSpec, err: OpenError) -> Failure {
     match err {
         OpenError::Url { reason, .. } | OpenError::Namespace { reason, .. } => {
-            Failure::Config(ConfigError::new(Some("store".to_owned()), reason))
+            Failure::Config(GatewayConfigError::new(Some("store".to_owned()), reason))
         }
         OpenError::NotBuilt { .. } => Failure::Config(unavailable(spec)),
-        OpenError::Spec(reason) => Failure::Config(ConfigError::new(
+        OpenError::Spec(reason) => Failure::Config(GatewayConfigError::new(
             Some("store".to_owned()),
             reason.to_string(),
         )),
@@ -288,12 +288,12 @@ fn unreachable(spec: &StoreSpec, err: &dyn std::fmt::Display) -> Failure {
 
 /// The error for a store this build cannot open (the configuration refuses it first: see
 /// [`Backends`]).
-fn unavailable(spec: &StoreSpec) -> ConfigError {
+fn unavailable(spec: &StoreSpec) -> GatewayConfigError {
     let reason = Backends::COMPILED
         .check(spec)
         .err()
         .unwrap_or_else(|| format!("the {} store cannot be opened", spec.kind()));
-    ConfigError::new(Some("store".to_owned()), reason)
+    GatewayConfigError::new(Some("store".to_owned()), reason)
 }
 
 #[cfg(test)]

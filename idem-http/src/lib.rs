@@ -129,7 +129,7 @@ pub mod scope;
 mod service;
 
 pub use body::ResponseBody;
-pub use config::{Config, ConfigBuilder, ConfigError, KeyPolicy, StoreFailure};
+pub use config::{Config, ConfigBuilder, KeyPolicy, LayerConfigError, StoreFailure};
 pub use context::IdempotencyContext;
 #[cfg(feature = "axum")]
 pub use context::MissingContext;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use http::HeaderName;
 use toml::Spanned;
 
-use super::ConfigError;
+use super::GatewayConfigError;
 use super::build::{positive, size};
 use super::internal::{DEFAULT_ROUTE, Origin, Route, RouteSettings};
 use super::lint::{self, Warnings};
@@ -19,7 +19,7 @@ fn header_names(
     allow: bool,
     origin: &Origin,
     at: Option<usize>,
-) -> Result<Vec<HeaderName>, ConfigError> {
+) -> Result<Vec<HeaderName>, GatewayConfigError> {
     names
         .iter()
         .map(|name| {
@@ -54,7 +54,7 @@ fn settings(
     origin: &Origin,
     at: Option<usize>,
     warnings: &mut Warnings,
-) -> Result<RouteSettings, ConfigError> {
+) -> Result<RouteSettings, GatewayConfigError> {
     let lease_at = position(section.lease.as_ref(), at);
     let lease = positive(
         lease_override
@@ -199,7 +199,7 @@ pub(super) fn route_configs(
     retention: Option<Duration>,
     origin: &Origin,
     warnings: &mut Warnings,
-) -> Result<Vec<Route>, ConfigError> {
+) -> Result<Vec<Route>, GatewayConfigError> {
     let base = RouteSettings::default();
     let (top, top_at) = match idempotency {
         Some(spanned) => (spanned.get_ref().clone(), Some(spanned.span().start)),
