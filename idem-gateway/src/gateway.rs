@@ -14,7 +14,6 @@ use hyper::body::Incoming;
 use idem_core::Store;
 use idem_http::{Idempotency, IdempotencyLayer, KeyPolicy, Outcome, Rejection, StoreFailure};
 use metrics::{Counter, Histogram};
-use serde_json::json;
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -391,19 +390,14 @@ pub(crate) fn problem(status: StatusCode, name: &str, detail: &str) -> Response<
 
 /// An RFC 9457 problem response whose `type` is `type_uri`.
 fn problem_of_type(status: StatusCode, type_uri: &str, detail: &str) -> Response<GatewayBody> {
-    let body = json!({
-        "type": type_uri,
-        "title": status.canonical_reason().unwrap_or("Error"),
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    let mut response = Response::new(full(body.to_string()));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    response
+    idem_http::Problem {
+        type_uri: type_uri.to_owned(),
+        title: status.canonical_reason().unwrap_or("Error").to_owned(),
+        status,
+        detail: detail.to_owned(),
+    }
+    .into_response()
+    .map(full)
 }
 
 /// The response for an upstream failure: 502, 503 (with `Retry-After`) or 504. Its detail is

@@ -136,7 +136,7 @@ pub use context::MissingContext;
 pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;
 pub use outcome::Outcome;
-pub use rejection::{ProblemJson, Rejection, RejectionHandler};
+pub use rejection::{Problem, ProblemJson, Rejection, RejectionHandler};
 pub use request_body::RequestBody;
 pub use scope::ScopePart;
 pub use service::{Idempotency, REPLAY_HEADER, REPLAYED_HEADER, STATUS_HEADER};
