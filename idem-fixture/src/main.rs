@@ -316,20 +316,15 @@ async fn open_store(
     spec: &str,
     namespace: Option<&str>,
 ) -> Result<(Arc<dyn Store>, &'static str), String> {
-    let shared = [
-        "redis://",
-        "rediss://",
-        "redis+cluster://",
-        "rediss+cluster://",
-        "postgres://",
-        "postgresql://",
-    ]
-    .iter()
-    .any(|scheme| spec.starts_with(scheme));
+    let parsed: idem::StoreSpec = spec
+        .parse()
+        .map_err(|e| format!("--{}", idem::OpenError::from(e)))?;
+    let shared = parsed.is_network();
     if namespace.is_some() && !shared {
         return Err(NAMESPACE_SHARED_ONLY.to_owned());
     }
-    let opened = idem::open_or_defer(spec, namespace.unwrap_or(NAMESPACE))
+    let opened = idem::OpenOptions::new(namespace.unwrap_or(NAMESPACE))
+        .open_or_defer(&parsed)
         .await
         .map_err(|e| format!("--{e}"))?;
     if shared {

@@ -15,7 +15,7 @@ use crate::admin::client::AdminClient;
 use crate::admin::{Admin, RenderMetrics};
 use crate::cli::{Cli, Command, KeysCommand, StoreCommand};
 use crate::config::toml::OnStoreError;
-use crate::config::{self, Config, ConfigError, StoreSpec};
+use crate::config::{self, Config, GatewayConfigError, StoreSpec};
 use crate::gateway::{Gateway, check_routes};
 use crate::in_flight::{InFlightIndex, Watched};
 use crate::proxy::Tracker;
@@ -28,7 +28,7 @@ use crate::server::{Drained, Worker, run_on, serve_workers};
 #[derive(Debug)]
 pub enum Failure {
     /// The configuration or the command line is wrong: exit 2.
-    Config(ConfigError),
+    Config(GatewayConfigError),
     /// The command ran and failed (a store error, a port in use): exit 1.
     Runtime(String),
 }
@@ -68,8 +68,8 @@ impl fmt::Display for Failure {
 
 impl std::error::Error for Failure {}
 
-impl From<ConfigError> for Failure {
-    fn from(err: ConfigError) -> Self {
+impl From<GatewayConfigError> for Failure {
+    fn from(err: GatewayConfigError) -> Self {
         Failure::Config(err)
     }
 }
@@ -375,7 +375,7 @@ async fn serve(config: Config, metrics: Option<RenderMetrics>) -> Result<(), Fai
 /// that process, out of reach but through its admin listener).
 async fn admin_store(config: &Config) -> Result<Arc<dyn Store>, Failure> {
     if config.store.spec == StoreSpec::Memory {
-        return Err(Failure::Config(ConfigError::new(
+        return Err(Failure::Config(GatewayConfigError::new(
             None,
             "the memory store lives inside each `idem serve` process and cannot be opened from another: pass --admin http://ADMIN_ADDR to ask the running gateway's admin listener, or point --store (or [store] url) at the gateway's shared store (redis, postgres or redb)",
         )));
@@ -528,7 +528,7 @@ async fn store_command(config: &Config, command: StoreCommand) -> Result<(), Fai
 
 /// `idem check-config`: prints a summary of a valid configuration (or one JSON object), or
 /// fails with the one-line error.
-fn check_config(config: Result<Config, ConfigError>, json: bool) -> Result<(), Failure> {
+fn check_config(config: Result<Config, GatewayConfigError>, json: bool) -> Result<(), Failure> {
     let config = match config {
         Ok(config) => config,
         Err(err) if json => {

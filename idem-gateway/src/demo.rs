@@ -26,7 +26,7 @@ use tokio::net::TcpListener;
 use crate::admin::RenderMetrics;
 use crate::body::{GatewayBody, full};
 use crate::commands::{Failure, bind, say, start};
-use crate::config::{self, Config, ConfigError, Overrides, StoreSpec};
+use crate::config::{self, Config, GatewayConfigError, Overrides, StoreSpec};
 
 /// The built-in upstream: `POST /payments[?delay=2s]` charges (counts an execution, answers
 /// 201 with a payment id) after an optional delay; `GET /executions` tells how many ran.
@@ -125,10 +125,13 @@ impl DemoUpstream {
 /// its own upstream on the memory store, and `idem serve` is the gateway for the rest.
 ///
 /// # Errors
-/// [`ConfigError`] naming the flag and its variable.
-pub(crate) fn check_flags(config: Option<&Path>, overrides: &Overrides) -> Result<(), ConfigError> {
+/// [`GatewayConfigError`] naming the flag and its variable.
+pub(crate) fn check_flags(
+    config: Option<&Path>,
+    overrides: &Overrides,
+) -> Result<(), GatewayConfigError> {
     let refuse = |flag: &str, variable: &str| {
-        Err(ConfigError::new(
+        Err(GatewayConfigError::new(
             Some(format!("{flag} (or {variable})")),
             "idem demo runs its own upstream on the memory store and takes no config file, upstream or store: unset it, or run idem serve",
         ))

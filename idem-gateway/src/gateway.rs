@@ -8,19 +8,22 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use idem_core::Store;
-use idem_http::{Idempotency, IdempotencyLayer, KeyPolicy, Outcome, Rejection, StoreFailure};
+use idem_http::{
+    Idempotency, IdempotencyLayer, KeyPolicy, Outcome, ProblemJson, Rejection, RejectionHandler,
+    StoreFailure,
+};
 use metrics::{Counter, Histogram};
-use serde_json::json;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::body::{GatewayBody, RequestBody, boxed, full};
 use crate::config::toml::{KeyMode, OnStoreError};
-use crate::config::{Config, ConfigError, RoutePath, RouteSettings, ScopeSpec};
+use crate::config::{Config, GatewayConfigError, RoutePath, RouteSettings, ScopeSpec};
 use crate::normal_path::{NormalPath, PathError};
 use crate::proxy::{ClientAddr, Proxy, ProxyError, Tracker};
 
@@ -44,11 +47,19 @@ pub(crate) mod metric {
 /// The idem-http settings of a route.
 ///
 /// # Errors
-/// [`idem_http::ConfigError`] when the layer refuses a setting.
+/// [`idem_http::LayerConfigError`] when the layer refuses a setting.
 pub(crate) fn layer_config(
     settings: &RouteSettings,
     store_label: &'static str,
-) -> Result<idem_http::Config, idem_http::ConfigError> {
+) -> Result<idem_http::Config, idem_http::LayerConfigError> {
+    layer_builder(settings, store_label)?.build()
+}
+
+/// The idem-http settings of a route, to build (with the gateway's rejection handler, say).
+fn layer_builder(
+    settings: &RouteSettings,
+    store_label: &'static str,
+) -> Result<idem_http::ConfigBuilder, idem_http::LayerConfigError> {
     let mut builder = idem_http::Config::builder()
         .header_name(settings.header.as_str())?
         .methods(settings.methods.iter().cloned())
@@ -86,17 +97,18 @@ pub(crate) fn layer_config(
     for name in &settings.deny_headers {
         builder = builder.deny_header(name.as_str())?;
     }
-    builder.build()
+    Ok(builder)
 }
 
 /// Checks that the layer takes every route's settings (`check-config` and `serve` call this).
 ///
 /// # Errors
-/// [`ConfigError`] naming the route whose settings the layer refuses.
-pub(crate) fn check_routes(config: &Config) -> Result<(), ConfigError> {
+/// [`GatewayConfigError`] naming the route whose settings the layer refuses.
+pub(crate) fn check_routes(config: &Config) -> Result<(), GatewayConfigError> {
     for route in &config.routes {
-        layer_config(&route.settings, config.store.spec.kind())
-            .map_err(|err| ConfigError::new(None, format!("route {:?}: {err}", route.name)))?;
+        layer_config(&route.settings, config.store.spec.kind()).map_err(|err| {
+            GatewayConfigError::new(None, format!("route {:?}: {err}", route.name))
+        })?;
     }
     Ok(())
 }
@@ -152,20 +164,28 @@ impl Gateway {
     /// handles are registered now: install the recorder before.
     ///
     /// # Errors
-    /// [`ConfigError`] when there is no upstream or the layer refuses a route's settings.
+    /// [`GatewayConfigError`] when there is no upstream or the layer refuses a route's settings.
     pub(crate) fn new(
         config: &Config,
         store: Arc<dyn Store>,
         tracker: Tracker,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, GatewayConfigError> {
         let proxy = Proxy::new(config.require_upstream()?, tracker);
         let label = config.store.spec.kind();
         let mut routes = Vec::with_capacity(config.routes.len());
         for route in &config.routes {
             let service = if route.settings.enabled {
-                let layer_config = layer_config(&route.settings, label).map_err(|err| {
-                    ConfigError::new(None, format!("route {:?}: {err}", route.name))
-                })?;
+                let layer_config = layer_builder(&route.settings, label)
+                    .and_then(|builder| {
+                        builder
+                            .rejection_handler(UpstreamRejections {
+                                upstream: proxy.upstream().to_owned(),
+                            })
+                            .build()
+                    })
+                    .map_err(|err| {
+                        GatewayConfigError::new(None, format!("route {:?}: {err}", route.name))
+                    })?;
                 let layer = IdempotencyLayer::from_arc(store.clone(), layer_config);
                 RouteService::Layered(layer.layer(proxy.clone()))
             } else {
@@ -276,10 +296,7 @@ impl Gateway {
             RouteService::Layered(service) => {
                 let mut service = service.clone();
                 match poll_fn(|cx| service.poll_ready(cx)).await {
-                    Ok(()) => service
-                        .call(request)
-                        .await
-                        .map(|r| upstream_broke_off(r.map(boxed), service.get_ref())),
+                    Ok(()) => service.call(request).await.map(|r| r.map(boxed)),
                     Err(err) => Err(err),
                 }
             }
@@ -362,17 +379,26 @@ fn settle_host(parts: &mut http::request::Parts) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// The layer's answer, or 502 where the layer answered 500 because the upstream broke off the
-/// response body it was reading to store (the key is released either way; the failure was
-/// counted and logged by the [`crate::proxy::UpstreamBody`]).
-fn upstream_broke_off(response: Response<GatewayBody>, proxy: &Proxy) -> Response<GatewayBody> {
-    if let Some(Rejection::ResponseBodyFailed) = response.extensions().get::<Rejection>() {
-        return proxy_error_response(&ProxyError::Failed {
-            upstream: proxy.upstream().to_owned(),
-            source: "the response body broke off before it was complete".into(),
-        });
+/// The layer's rejections on a route, as [`ProblemJson`] writes them, except one: where the
+/// upstream broke off the response body the layer was reading to store
+/// ([`Rejection::ResponseBodyFailed`], a 500 of the layer's), the answer is the gateway's 502,
+/// as for any upstream failure (the key is released either way; the failure was counted and
+/// logged by the [`crate::proxy::UpstreamBody`]).
+struct UpstreamRejections {
+    /// The upstream, for the 502's log line.
+    upstream: String,
+}
+
+impl RejectionHandler for UpstreamRejections {
+    fn respond(&self, rejection: &Rejection) -> Response<Bytes> {
+        if let Rejection::ResponseBodyFailed = rejection {
+            return proxy_error_problem(&ProxyError::Failed {
+                upstream: self.upstream.clone(),
+                source: "the response body broke off before it was complete".into(),
+            });
+        }
+        ProblemJson::default().respond(rejection)
     }
-    response
 }
 
 /// Where the problem `type` links point.
@@ -380,8 +406,8 @@ const DOCS: &str = "https://docs.rs/idem-gateway/latest/idem_gateway";
 
 /// An RFC 9457 problem response of the gateway itself.
 #[must_use]
-pub(crate) fn problem(status: StatusCode, name: &str, detail: &str) -> Response<GatewayBody> {
-    problem_of_type(
+fn problem(status: StatusCode, name: &str, detail: &str) -> Response<Bytes> {
+    problem_bytes(
         status,
         &format!("{DOCS}/proxy/enum.ProxyError.html#variant.{name}"),
         detail,
@@ -390,19 +416,18 @@ pub(crate) fn problem(status: StatusCode, name: &str, detail: &str) -> Response<
 
 /// An RFC 9457 problem response whose `type` is `type_uri`.
 fn problem_of_type(status: StatusCode, type_uri: &str, detail: &str) -> Response<GatewayBody> {
-    let body = json!({
-        "type": type_uri,
-        "title": status.canonical_reason().unwrap_or("Error"),
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    let mut response = Response::new(full(body.to_string()));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    response
+    problem_bytes(status, type_uri, detail).map(full)
+}
+
+/// An RFC 9457 problem response whose `type` is `type_uri`, its body in one piece.
+fn problem_bytes(status: StatusCode, type_uri: &str, detail: &str) -> Response<Bytes> {
+    idem_http::Problem {
+        type_uri: type_uri.to_owned(),
+        title: status.canonical_reason().unwrap_or("Error").to_owned(),
+        status,
+        detail: detail.to_owned(),
+    }
+    .into_response()
 }
 
 /// The response for an upstream failure: 502, 503 (with `Retry-After`) or 504. Its detail is
@@ -410,6 +435,11 @@ fn problem_of_type(status: StatusCode, type_uri: &str, detail: &str) -> Response
 /// only.
 #[must_use]
 pub(crate) fn proxy_error_response(err: &ProxyError) -> Response<GatewayBody> {
+    proxy_error_problem(err).map(full)
+}
+
+/// [`proxy_error_response`], its body in one piece.
+fn proxy_error_problem(err: &ProxyError) -> Response<Bytes> {
     let mut response = problem(err.status(), err.name(), &err.public_detail());
     if matches!(err, ProxyError::ShuttingDown) {
         response

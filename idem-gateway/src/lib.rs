@@ -31,7 +31,7 @@
 //! let err = config::from_str("idem.toml", "[upstream]\nretries = 3\n", &Overrides::default())
 //!     .unwrap_err();
 //! assert!(err.to_string().starts_with("idem.toml:2:1: unknown field `retries`"), "{err}");
-//! # Ok::<(), idem_gateway::config::ConfigError>(())
+//! # Ok::<(), idem_gateway::config::GatewayConfigError>(())
 //! ```
 //!
 //! This library is what the `idem` binary is made of, and exposes only what the binary, the

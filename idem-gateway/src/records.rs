@@ -10,7 +10,7 @@ use idem_core::{
 };
 use serde_json::{Value, json};
 
-use crate::config::{ConfigError, HumanDuration};
+use crate::config::{GatewayConfigError, HumanDuration};
 
 /// A store time as RFC 3339 text, to the millisecond.
 #[must_use]
@@ -224,16 +224,16 @@ impl ArgNames {
 /// does.
 ///
 /// # Errors
-/// [`ConfigError`] when the key or the scope is not valid.
+/// [`GatewayConfigError`] when the key or the scope is not valid.
 pub(crate) fn record_key(
     key: &str,
     scope: &str,
     names: ArgNames,
-) -> Result<RecordKey, ConfigError> {
+) -> Result<RecordKey, GatewayConfigError> {
     let key = IdempotencyKey::new(key)
-        .map_err(|err| ConfigError::new(Some(names.key.to_owned()), err.to_string()))?;
+        .map_err(|err| GatewayConfigError::new(Some(names.key.to_owned()), err.to_string()))?;
     let scope = Scope::new(scope)
-        .map_err(|err| ConfigError::new(Some(names.scope.to_owned()), scope_error(&err)))?;
+        .map_err(|err| GatewayConfigError::new(Some(names.scope.to_owned()), scope_error(&err)))?;
     Ok(RecordKey::new(scope, key))
 }
 
@@ -255,15 +255,15 @@ fn scope_error(err: &KeyError) -> String {
 /// read as 1), and at most [`ScanQuery::DEFAULT_LIMIT`] a page.
 ///
 /// # Errors
-/// [`ConfigError`] naming the state, the age or the limit as `names` does.
+/// [`GatewayConfigError`] naming the state, the age or the limit as `names` does.
 pub(crate) fn scan_query(
     state: Option<&str>,
     older_than: Option<&str>,
     limit: usize,
     names: ArgNames,
-) -> Result<ScanQuery, ConfigError> {
+) -> Result<ScanQuery, GatewayConfigError> {
     if limit == 0 {
-        return Err(ConfigError::new(
+        return Err(GatewayConfigError::new(
             Some(names.limit.to_owned()),
             "the limit is 0: ask for at least 1 record",
         ));
@@ -271,14 +271,14 @@ pub(crate) fn scan_query(
     let mut query = ScanQuery::all().with_limit(limit.min(ScanQuery::DEFAULT_LIMIT));
     if let Some(state) = state {
         let state: State = state.parse().map_err(|err: idem_core::ParseStateError| {
-            ConfigError::new(Some(names.state.to_owned()), err.to_string())
+            GatewayConfigError::new(Some(names.state.to_owned()), err.to_string())
         })?;
         query = query.with_state(state);
     }
     if let Some(age) = older_than {
-        let age: HumanDuration = age
-            .parse()
-            .map_err(|err: String| ConfigError::new(Some(names.older_than.to_owned()), err))?;
+        let age: HumanDuration = age.parse().map_err(|err: String| {
+            GatewayConfigError::new(Some(names.older_than.to_owned()), err)
+        })?;
         query = query.with_min_age(age.0);
     }
     Ok(query)

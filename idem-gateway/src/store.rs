@@ -10,11 +10,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{Deferred, Store, StoreError};
-use idem_store_memory::MemoryStore;
+use idem::{OpenError, OpenOptions, Store};
 
 use crate::commands::Failure;
-use crate::config::{ConfigError, StoreConfig, StoreSpec};
+use crate::config::{GatewayConfigError, StoreConfig, StoreSpec};
 
 /// The stores a build of idem can open besides the memory store, which every build has. ONE
 /// place decides what a build can run: [`Config::build`](crate::config::Config::build) checks
@@ -88,69 +87,46 @@ impl Backends {
     }
 }
 
+/// The options of opening the configured store: its namespace, the memory store's bounds, and
+/// how long one try to connect a deferred store may take.
+fn options(config: &StoreConfig) -> OpenOptions {
+    OpenOptions::new(config.namespace.as_str())
+        .memory_capacity(config.memory_capacity)
+        .memory_max_bytes(config.memory_max_bytes)
+        .retry_timeout(CONNECT_TIMEOUT)
+}
+
+/// How long one try to connect a deferred store may take: a PostgreSQL store migrates on
+/// connect.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Opens (connects to) the store for `idem serve` (a PostgreSQL store applies its migrations on
 /// connect); a Redis or PostgreSQL server that does not answer yet (refused, timed out: an
-/// error a retry may cure) is not a failure. The gateway then starts on a [`Deferred`] store that connects on first use, at most once per
-/// [`Deferred::RETRY_EVERY`], and until then answers every operation as unavailable: covered
-/// requests get 503 with `Retry-After` (or run unrecorded, `fail_open`), `/readyz` says the
-/// store does not answer, and `/healthz` that the process does. A store that goes down later
-/// behaves the same, so a gateway started before its store needs no restart.
+/// error a retry may cure) is not a failure. The gateway then starts on a deferred store
+/// ([`OpenOptions::open_or_defer`]) that connects on first use, at most once per
+/// [`idem_core::Deferred::RETRY_EVERY`], each try bounded by [`CONNECT_TIMEOUT`], and until
+/// then answers every operation as unavailable: covered requests get 503 with `Retry-After`
+/// (or run unrecorded, `fail_open`), `/readyz` says the store does not answer, and `/healthz`
+/// that the process does. A store that goes down later behaves the same, so a gateway started
+/// before its store needs no restart.
 ///
 /// # Errors
 /// [`Failure`] for any failure but a server that does not answer yet: a bad setting or a store
 /// this build lacks (exit 2), a redb file in use by another process, a server that refuses the
 /// credentials.
 pub(crate) async fn open_to_serve(config: &StoreConfig) -> Result<Arc<dyn Store>, Failure> {
-    match connect(config, Opening::Serve).await {
-        Ok(store) => Ok(store),
-        Err(Opened::Down(err)) if network(&config.spec) && err.is_retryable() => {
-            tracing::warn!(
-                store = %config.spec,
-                error = %err,
-                "the store does not answer: the gateway starts, answers 503 on the routes it covers and /readyz reports the store, until it connects"
-            );
-            Ok(Arc::new(deferred(config.clone(), &err)))
-        }
-        Err(err) => Err(err.into_failure(&config.spec)),
+    let opened = options(config)
+        .open_or_defer(&config.spec)
+        .await
+        .map_err(|err| failure(&config.spec, err))?;
+    if let Some(error) = &opened.deferred {
+        tracing::warn!(
+            store = %config.spec,
+            %error,
+            "the store does not answer: the gateway starts, answers 503 on the routes it covers and /readyz reports the store, until it connects"
+        );
     }
-}
-
-/// How long one try to connect a [`Deferred`] store may take: a PostgreSQL store migrates on
-/// connect.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// A store that did not answer when the gateway started (`err` says why): it connects on first
-/// use, one try at a time, at most one per [`Deferred::RETRY_EVERY`], each bounded by
-/// [`CONNECT_TIMEOUT`], and answers [`StoreError::Unavailable`] until then.
-fn deferred(config: StoreConfig, err: &StoreError) -> Deferred {
-    let name = config.spec.to_string();
-    let config = Arc::new(config);
-    Deferred::new(name, err, move || {
-        let config = config.clone();
-        async move {
-            let tried =
-                tokio::time::timeout(CONNECT_TIMEOUT, connect(&config, Opening::Serve)).await;
-            let err = match tried {
-                Ok(Ok(store)) => {
-                    tracing::info!(store = %config.spec, "the store answers: connected");
-                    return Ok(store);
-                }
-                Ok(Err(Opened::Down(err))) => err,
-                Ok(Err(Opened::Refused(failure))) => StoreError::unavailable(failure.to_string()),
-                Err(_) => {
-                    StoreError::unavailable(format!("no connection within {CONNECT_TIMEOUT:?}"))
-                }
-            };
-            tracing::debug!(store = %config.spec, error = %err, "the store still does not answer");
-            Err(err)
-        }
-    })
-}
-
-/// Whether the store is a server reached over the network (Redis, PostgreSQL), which may come
-/// up after the gateway: a local store (memory, redb) either opens or never will.
-fn network(spec: &StoreSpec) -> bool {
-    matches!(spec, StoreSpec::Redis(_) | StoreSpec::Postgres(_))
+    Ok(opened.store)
 }
 
 /// Opens a store that must exist already, for an admin command (`idem keys`): a PostgreSQL
@@ -162,150 +138,39 @@ fn network(spec: &StoreSpec) -> bool {
 /// settings; [`Failure::Runtime`] when the store cannot be reached, or for a redb path where
 /// no file is.
 pub(crate) async fn open_existing(config: &StoreConfig) -> Result<Arc<dyn Store>, Failure> {
-    open_as(config, Opening::Existing).await
-}
-
-/// Why a store is opened.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Opening {
-    /// To serve: a PostgreSQL schema is migrated, a redb file created.
-    Serve,
-    /// To inspect or administer: nothing is created or migrated.
-    Existing,
-}
-
-async fn open_as(config: &StoreConfig, opening: Opening) -> Result<Arc<dyn Store>, Failure> {
-    connect(config, opening).await.map_err(|err| match err {
+    match options(config).create(false).open(&config.spec).await {
+        Ok(opened) => Ok(opened.store),
         // A redb file has one owner at a time: the gateway serving it, most likely, whose admin
         // listener `idem keys` can ask instead.
-        Opened::Down(err)
-            if opening == Opening::Existing
-                && matches!(config.spec, StoreSpec::Redb(_))
-                && err.is_retryable() =>
+        Err(OpenError::Down { error, .. })
+            if matches!(config.spec, StoreSpec::Redb(_)) && error.is_retryable() =>
         {
-            Failure::runtime(format!(
-                "store {}: {err} (if a running gateway holds it, ask that gateway: --admin http://ADMIN_ADDR)",
+            Err(Failure::runtime(format!(
+                "store {}: {error} (if a running gateway holds it, ask that gateway: --admin http://ADMIN_ADDR)",
                 config.spec
-            ))
+            )))
         }
-        err => err.into_failure(&config.spec),
-    })
-}
-
-/// Why a store did not open.
-enum Opened {
-    /// The store refused its settings, or this build lacks it (exit 2), or a check before
-    /// connecting failed (exit 1).
-    Refused(Failure),
-    /// The store failed to open or connect: unreachable, or failing (exit 1). Only a store
-    /// behind a feature (Redis, PostgreSQL, redb) gives it: the memory store always opens.
-    #[cfg_attr(
-        not(any(feature = "redis", feature = "postgres", feature = "redb")),
-        allow(dead_code)
-    )]
-    Down(StoreError),
-}
-
-impl Opened {
-    fn into_failure(self, spec: &StoreSpec) -> Failure {
-        match self {
-            Opened::Refused(failure) => failure,
-            Opened::Down(err) => unreachable(spec, &err),
-        }
+        Err(err @ OpenError::Missing { .. }) => Err(Failure::runtime(format!(
+            "{err} (`idem serve` or `idem store migrate` creates it)"
+        ))),
+        Err(err) => Err(failure(&config.spec, err)),
     }
 }
 
-impl From<Failure> for Opened {
-    fn from(failure: Failure) -> Self {
-        Opened::Refused(failure)
-    }
-}
-
-#[cfg_attr(
-    not(any(feature = "postgres", feature = "redb")),
-    allow(unused_variables)
-)]
-async fn connect(config: &StoreConfig, opening: Opening) -> Result<Arc<dyn Store>, Opened> {
-    match &config.spec {
-        StoreSpec::Memory => Ok(Arc::new(
-            MemoryStore::builder()
-                .capacity(config.memory_capacity)
-                .max_bytes(config.memory_max_bytes)
-                .build(),
+/// The failure of opening a store: a setting the store's client refuses, or a store this build
+/// lacks, is a configuration error at `store` (exit 2); a store that cannot be reached or
+/// fails, a runtime one (exit 1).
+fn failure(spec: &StoreSpec, err: OpenError) -> Failure {
+    match err {
+        OpenError::Url { reason, .. } | OpenError::Namespace { reason, .. } => {
+            Failure::Config(GatewayConfigError::new(Some("store".to_owned()), reason))
+        }
+        OpenError::NotBuilt { .. } => Failure::Config(unavailable(spec)),
+        OpenError::Spec(reason) => Failure::Config(GatewayConfigError::new(
+            Some("store".to_owned()),
+            reason.to_string(),
         )),
-        #[cfg(feature = "redis")]
-        StoreSpec::Redis(url) => {
-            let settings = redis::settings(url, &config.namespace)?;
-            let store = idem_store_redis::RedisStore::connect(settings)
-                .await
-                .map_err(Opened::Down)?;
-            Ok(Arc::new(store))
-        }
-        #[cfg(feature = "redb")]
-        StoreSpec::Redb(path) => {
-            if opening == Opening::Existing && !path.exists() {
-                return Err(Opened::Refused(Failure::runtime(format!(
-                    "store {}: no such file (`idem serve` or `idem store migrate` creates it)",
-                    config.spec
-                ))));
-            }
-            let store = idem_store_redb::RedbStore::open(path).map_err(Opened::Down)?;
-            Ok(Arc::new(store))
-        }
-        #[cfg(feature = "postgres")]
-        StoreSpec::Postgres(url) => {
-            let settings = postgres::settings(url, &config.namespace)?
-                .with_migrate_on_connect(opening == Opening::Serve);
-            let store = idem_store_postgres::PostgresStore::connect(settings)
-                .await
-                .map_err(Opened::Down)?;
-            Ok(Arc::new(store))
-        }
-        // Reached only in builds without some store features.
-        #[allow(unreachable_patterns)]
-        other => Err(Opened::Refused(Failure::Config(unavailable(other)))),
-    }
-}
-
-/// Which store setting the store's own client refuses (only the network stores' clients
-/// refuse one: the slim build makes none).
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
-pub(crate) enum SettingError {
-    /// The URL (`[store] url`, `--store`, `IDEM_STORE`): the client cannot use it.
-    Url(String),
-    /// The namespace (`[store] namespace`): the store does not take it (a PostgreSQL schema is
-    /// 1 to 63 of `a-z`, `0-9`, `_`, not starting with a digit).
-    Namespace(String),
-}
-
-#[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
-impl SettingError {
-    /// The refusal as the error of opening the store: a configuration error (exit 2) at
-    /// `store`, the client's own words.
-    fn into_failure(self) -> Failure {
-        let (SettingError::Url(reason) | SettingError::Namespace(reason)) = self;
-        Failure::Config(ConfigError::new(Some("store".to_owned()), reason))
-    }
-}
-
-/// Checks the store's settings the way opening it does, without connecting: what
-/// `idem serve` would refuse, `idem check-config` refuses too. A store this build does not
-/// include is not checked here (opening it says so).
-///
-/// # Errors
-/// [`SettingError`] naming the setting the store's client refuses, with its reason.
-#[cfg_attr(
-    not(any(feature = "postgres", feature = "redis")),
-    allow(unused_variables, clippy::unnecessary_wraps)
-)]
-pub(crate) fn check_settings(spec: &StoreSpec, namespace: &str) -> Result<(), SettingError> {
-    match spec {
-        #[cfg(feature = "redis")]
-        StoreSpec::Redis(url) => redis::config(url, namespace).map(drop),
-        #[cfg(feature = "postgres")]
-        StoreSpec::Postgres(url) => postgres::config(url, namespace).map(drop),
-        _ => Ok(()),
+        other => Failure::runtime(other.to_string()),
     }
 }
 
@@ -327,39 +192,72 @@ pub(crate) async fn maintain(config: &StoreConfig, migrate: bool) -> Result<Stri
         (StoreSpec::Redis(_), false) => {
             Ok("the redis store expires records by TTL: nothing to sweep".into())
         }
-        // redb has no migrations: opening the file creates it with its tables, or checks an
-        // existing one's format and tables. Done here, so that a bad path fails now.
         #[cfg(feature = "redb")]
-        (StoreSpec::Redb(path), true) => {
-            let existed = path.exists();
-            idem_store_redb::RedbStore::open(path)
-                .map_err(|err| unreachable(&config.spec, &err))?;
-            Ok(if existed {
+        (StoreSpec::Redb(path), migrate) => redb::maintain(config, path, migrate).await,
+        #[cfg(feature = "postgres")]
+        (StoreSpec::Postgres(_), migrate) => postgres::maintain(config, migrate).await,
+        #[allow(unreachable_patterns)]
+        (other, _) => Err(Failure::Config(unavailable(other))),
+    }
+}
+
+#[cfg(feature = "redb")]
+mod redb {
+    use std::path::Path;
+
+    use idem::redb::RedbStore;
+
+    use super::{StoreConfig, unreachable};
+    use crate::commands::Failure;
+
+    /// `idem store migrate|sweep` on a redb file. redb has no migrations: opening the file
+    /// creates it with its tables, or checks an existing one's format and tables. Done here,
+    /// so that a bad path fails now.
+    pub(super) async fn maintain(
+        config: &StoreConfig,
+        path: &Path,
+        migrate: bool,
+    ) -> Result<String, Failure> {
+        let existed = path.exists();
+        let store = RedbStore::open(path).map_err(|err| unreachable(&config.spec, &err))?;
+        if migrate {
+            return Ok(if existed {
                 format!(
                     "{}: checked: a redb store file with its tables",
                     path.display()
                 )
             } else {
                 format!("{}: created, with its tables", path.display())
-            })
+            });
         }
-        #[cfg(feature = "redb")]
-        (StoreSpec::Redb(path), false) => {
-            let store = idem_store_redb::RedbStore::open(path)
-                .map_err(|err| unreachable(&config.spec, &err))?;
-            let removed = store
-                .sweep()
+        let removed = store
+            .sweep()
+            .await
+            .map_err(|err| unreachable(&config.spec, &err))?;
+        Ok(format!("removed {removed} expired record(s)"))
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use idem::postgres::{PostgresStore, migrate};
+
+    use super::{StoreConfig, failure, options, unreachable};
+    use crate::commands::Failure;
+
+    /// `idem store migrate|sweep` on a PostgreSQL store.
+    pub(super) async fn maintain(
+        config: &StoreConfig,
+        migrate_it: bool,
+    ) -> Result<String, Failure> {
+        let settings = options(config)
+            .postgres_config(&config.spec)
+            .map_err(|err| failure(&config.spec, err))?;
+        if migrate_it {
+            let report = migrate(&settings)
                 .await
                 .map_err(|err| unreachable(&config.spec, &err))?;
-            Ok(format!("removed {removed} expired record(s)"))
-        }
-        #[cfg(feature = "postgres")]
-        (StoreSpec::Postgres(url), true) => {
-            let settings = postgres::settings(url, &config.namespace)?;
-            let report = idem_store_postgres::migrate(&settings)
-                .await
-                .map_err(|err| unreachable(&config.spec, &err))?;
-            Ok(if report.applied.is_empty() {
+            return Ok(if report.applied.is_empty() {
                 format!(
                     "schema {}: up to date at version {}",
                     report.schema, report.version
@@ -369,84 +267,33 @@ pub(crate) async fn maintain(config: &StoreConfig, migrate: bool) -> Result<Stri
                     "schema {}: applied migration(s) {:?}, now at version {}",
                     report.schema, report.applied, report.version
                 )
-            })
+            });
         }
-        #[cfg(feature = "postgres")]
-        (StoreSpec::Postgres(url), false) => {
-            let settings = postgres::settings(url, &config.namespace)?;
-            let store = idem_store_postgres::PostgresStore::connect(settings)
-                .await
-                .map_err(|err| unreachable(&config.spec, &err))?;
-            let removed = store
-                .sweep()
-                .await
-                .map_err(|err| unreachable(&config.spec, &err))?;
-            Ok(format!("removed {removed} expired record(s)"))
-        }
-        #[allow(unreachable_patterns)]
-        (other, _) => Err(Failure::Config(unavailable(other))),
-    }
-}
-
-#[cfg(feature = "redis")]
-mod redis {
-    use idem_store_redis::RedisConfig;
-
-    use super::SettingError;
-    use crate::commands::Failure;
-
-    /// The store's settings: one server, or a Cluster for `redis+cluster://h1:p1,h2:p2`.
-    pub(super) fn settings(url: &str, namespace: &str) -> Result<RedisConfig, Failure> {
-        config(url, namespace).map_err(SettingError::into_failure)
-    }
-
-    /// The store's settings, or which of them the client refuses (made without connecting).
-    pub(super) fn config(url: &str, namespace: &str) -> Result<RedisConfig, SettingError> {
-        RedisConfig::from_url(url)
-            .map_err(|err| SettingError::Url(err.to_string()))?
-            .with_namespace(namespace)
-            .map_err(|err| SettingError::Namespace(err.to_string()))
-    }
-}
-
-#[cfg(feature = "postgres")]
-mod postgres {
-    use idem_store_postgres::PostgresConfig;
-
-    use super::SettingError;
-    use crate::commands::Failure;
-
-    /// The store's settings: the URL, and the namespace as the schema.
-    pub(super) fn settings(url: &str, namespace: &str) -> Result<PostgresConfig, Failure> {
-        config(url, namespace).map_err(SettingError::into_failure)
-    }
-
-    /// The store's settings, or which of them the client refuses (made without connecting).
-    pub(super) fn config(url: &str, namespace: &str) -> Result<PostgresConfig, SettingError> {
-        PostgresConfig::new(url)
-            .map_err(|err| SettingError::Url(err.to_string()))?
-            .with_schema(namespace)
-            .map_err(|err| SettingError::Namespace(err.to_string()))
+        let store = PostgresStore::connect(settings)
+            .await
+            .map_err(|err| unreachable(&config.spec, &err))?;
+        let removed = store
+            .sweep()
+            .await
+            .map_err(|err| unreachable(&config.spec, &err))?;
+        Ok(format!("removed {removed} expired record(s)"))
     }
 }
 
 /// The store cannot be reached or failed: exit 1.
-#[cfg_attr(
-    not(any(feature = "postgres", feature = "redis", feature = "redb")),
-    allow(dead_code)
-)]
+#[cfg_attr(not(any(feature = "postgres", feature = "redb")), allow(dead_code))]
 fn unreachable(spec: &StoreSpec, err: &dyn std::fmt::Display) -> Failure {
     Failure::runtime(format!("store {spec}: {err}"))
 }
 
 /// The error for a store this build cannot open (the configuration refuses it first: see
 /// [`Backends`]).
-fn unavailable(spec: &StoreSpec) -> ConfigError {
+fn unavailable(spec: &StoreSpec) -> GatewayConfigError {
     let reason = Backends::COMPILED
         .check(spec)
         .err()
         .unwrap_or_else(|| format!("the {} store cannot be opened", spec.kind()));
-    ConfigError::new(Some("store".to_owned()), reason)
+    GatewayConfigError::new(Some("store".to_owned()), reason)
 }
 
 #[cfg(test)]

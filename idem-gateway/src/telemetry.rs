@@ -7,7 +7,6 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use idem_http::Outcome;
 use idem_http::metrics as layer;
 use metrics::{
     Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
@@ -42,56 +41,18 @@ pub(crate) fn init_logs(config: &LogConfig) {
 /// the first takeover. Without an installed recorder this does nothing; registering twice is
 /// harmless.
 pub(crate) fn register_metrics(store: &'static str) {
-    use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram};
+    layer::describe();
+    layer::register_at_zero(store);
+    describe_gateway();
+    if store == crate::config::StoreSpec::Memory.kind() {
+        register_memory_store();
+    }
+    describe_monitor();
+}
 
-    describe_counter!(
-        layer::REQUESTS,
-        "Requests through the idempotency layer, by outcome"
-    );
-    for outcome in Outcome::ALL {
-        let _ = counter!(layer::REQUESTS, "outcome" => outcome.as_str());
-    }
-    for (name, help) in [
-        (
-            layer::CLAIMS_ACQUIRED,
-            "Claims acquired: the upstream was called under a key",
-        ),
-        (
-            layer::REPLAYS,
-            "Duplicates answered from a completed record",
-        ),
-        (
-            layer::COLLISIONS,
-            "Duplicates that met a record still in flight (409, or a wait)",
-        ),
-        (
-            layer::MISMATCHES,
-            "Keys reused with another method, path, query or body (422)",
-        ),
-        (
-            layer::TAKEOVERS,
-            "Claims that took over a lapsed lease (a crashed holder)",
-        ),
-        (
-            layer::OMITTED,
-            "Responses stored without their body (over the storage cap)",
-        ),
-    ] {
-        describe_counter!(name, help);
-        let _ = counter!(name);
-    }
-    let _ = counter!(layer::LEASE_LOSSES);
-    describe_counter!(
-        layer::FAILURES,
-        "Claims released without a stored response, by kind"
-    );
-    for kind in layer::FAILURE_KINDS {
-        let _ = counter!(layer::FAILURES, "kind" => kind);
-    }
-    // The store metrics and the lease losses describe themselves (idem-lease, which meters
-    // the layer's store and keeps its leases).
-    idem_lease::register_at_zero(store, &layer::STORE_OPS);
-
+/// The help texts of the gateway's own metrics.
+fn describe_gateway() {
+    use metrics::{Unit, describe_counter, describe_histogram};
     describe_counter!(
         gateway::REQUESTS,
         "Requests answered by the gateway, by route and status class"
@@ -109,15 +70,21 @@ pub(crate) fn register_metrics(store: &'static str) {
         gateway::REFUSED,
         "Requests the gateway refused before any route (no route's counters see them), by reason"
     );
-    if store == crate::config::StoreSpec::Memory.kind() {
-        describe_counter!(
-            idem_store_memory::EVICTIONS,
-            "Records the memory store evicted before their retention, by the bound it kept"
-        );
-        for bound in idem_store_memory::EVICTION_BOUNDS {
-            let _ = counter!(idem_store_memory::EVICTIONS, "bound" => bound);
-        }
+}
+
+/// The memory store's evictions, described and registered at zero for each bound.
+fn register_memory_store() {
+    metrics::describe_counter!(
+        idem_store_memory::EVICTIONS,
+        "Records the memory store evicted before their retention, by the bound it kept"
+    );
+    for bound in idem_store_memory::EVICTION_BOUNDS {
+        let _ = metrics::counter!(idem_store_memory::EVICTIONS, "bound" => bound);
     }
+}
+
+/// The help texts of the gauges of the admin monitor.
+fn describe_monitor() {
     for (name, help) in [
         (
             monitor::IN_FLIGHT,
@@ -140,7 +107,7 @@ pub(crate) fn register_metrics(store: &'static str) {
             "Bytes the store's records hold, as counted against its byte budget",
         ),
     ] {
-        describe_gauge!(name, help);
+        metrics::describe_gauge!(name, help);
     }
 }
 

@@ -906,7 +906,7 @@ async fn keys_list_on_a_redb_file_shows_a_half_written_record() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("records.redb");
     {
-        let store = idem_store_redb::RedbStore::open(&file).unwrap();
+        let store = idem::redb::RedbStore::open(&file).unwrap();
         for key in ["whole", "half"] {
             store
                 .claim(&ClaimRequest::new(

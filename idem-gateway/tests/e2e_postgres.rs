@@ -13,10 +13,10 @@ use std::process::Command;
 use std::sync::Arc;
 
 use common::{Fixture, Http, config, shared_store};
+use idem::postgres::tokio_postgres::{self, NoTls};
+use idem::postgres::{PostgresConfig, PostgresStore};
 use idem_core::Store;
 use idem_gateway::start;
-use idem_store_postgres::tokio_postgres::{self, NoTls};
-use idem_store_postgres::{PostgresConfig, PostgresStore};
 use idem_testkit::probe::{require_tcp, service_url};
 
 fn url() -> String {

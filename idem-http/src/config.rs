@@ -37,7 +37,7 @@
 //!
 //! // A heartbeat that does not come before the lease ends is refused.
 //! assert!(Config::builder().heartbeat(Duration::from_secs(30)).build().is_err());
-//! # Ok::<(), idem_http::ConfigError>(())
+//! # Ok::<(), idem_http::LayerConfigError>(())
 //! ```
 
 use std::fmt;
@@ -66,7 +66,7 @@ const DENIED_BY_DEFAULT: [HeaderName; 4] = [
 /// A setting was refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum LayerConfigError {
     /// Not a valid header name.
     InvalidHeaderName(String),
     /// A duration that must be positive is zero.
@@ -88,28 +88,28 @@ pub enum ConfigError {
     EmptyScope,
 }
 
-impl fmt::Display for ConfigError {
+impl fmt::Display for LayerConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ConfigError::InvalidHeaderName(name) => write!(f, "{name:?} is not a header name"),
-            ConfigError::ZeroDuration(what) => write!(f, "{what} must be longer than zero"),
-            ConfigError::HeartbeatNotBelowLease { heartbeat, lease } => write!(
+            LayerConfigError::InvalidHeaderName(name) => write!(f, "{name:?} is not a header name"),
+            LayerConfigError::ZeroDuration(what) => write!(f, "{what} must be longer than zero"),
+            LayerConfigError::HeartbeatNotBelowLease { heartbeat, lease } => write!(
                 f,
                 "the heartbeat interval ({heartbeat:?}) must be shorter than the lease ({lease:?})"
             ),
-            ConfigError::NoMethods => f.write_str("at least one method must be covered"),
-            ConfigError::NeverStored(name) => {
+            LayerConfigError::NoMethods => f.write_str("at least one method must be covered"),
+            LayerConfigError::NeverStored(name) => {
                 write!(f, "{name} is a per-connection header and is never stored")
             }
-            ConfigError::InvalidCookieName(name) => write!(f, "{name:?} is not a cookie name"),
-            ConfigError::EmptyScope => {
+            LayerConfigError::InvalidCookieName(name) => write!(f, "{name:?} is not a cookie name"),
+            LayerConfigError::EmptyScope => {
                 f.write_str("a combined scope needs at least one source (or no scope at all)")
             }
         }
     }
 }
 
-impl std::error::Error for ConfigError {}
+impl std::error::Error for LayerConfigError {}
 
 /// What to do with a covered request that has no key.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -329,17 +329,17 @@ pub struct ConfigBuilder {
     heartbeat_set: bool,
 }
 
-fn header_name(name: &str) -> Result<HeaderName, ConfigError> {
+fn header_name(name: &str) -> Result<HeaderName, LayerConfigError> {
     HeaderName::from_bytes(name.as_bytes())
-        .map_err(|_| ConfigError::InvalidHeaderName(name.to_owned()))
+        .map_err(|_| LayerConfigError::InvalidHeaderName(name.to_owned()))
 }
 
 impl ConfigBuilder {
     /// The key header (default `Idempotency-Key`; matched case-insensitively).
     ///
     /// # Errors
-    /// [`ConfigError::InvalidHeaderName`].
-    pub fn header_name(mut self, name: &str) -> Result<Self, ConfigError> {
+    /// [`LayerConfigError::InvalidHeaderName`].
+    pub fn header_name(mut self, name: &str) -> Result<Self, LayerConfigError> {
         self.config.header_name = header_name(name)?;
         Ok(self)
     }
@@ -377,8 +377,8 @@ impl ConfigBuilder {
     /// [`scope_by_authorization`]: ConfigBuilder::scope_by_authorization
     ///
     /// # Errors
-    /// [`ConfigError::InvalidHeaderName`].
-    pub fn scope_by_header(mut self, name: &str) -> Result<Self, ConfigError> {
+    /// [`LayerConfigError::InvalidHeaderName`].
+    pub fn scope_by_header(mut self, name: &str) -> Result<Self, LayerConfigError> {
         self.config.scope = ScopeSource::header(header_name(name)?);
         Ok(self)
     }
@@ -387,8 +387,8 @@ impl ConfigBuilder {
     /// that authenticates by a session cookie. A request without the cookie has no scope.
     ///
     /// # Errors
-    /// [`ConfigError::InvalidCookieName`].
-    pub fn scope_by_cookie(self, name: &str) -> Result<Self, ConfigError> {
+    /// [`LayerConfigError::InvalidCookieName`].
+    pub fn scope_by_cookie(self, name: &str) -> Result<Self, LayerConfigError> {
         self.scope_by_all([ScopePart::cookie(name)?])
     }
 
@@ -408,21 +408,21 @@ impl ConfigBuilder {
     ///     ])?
     ///     .build()?;
     /// # let _ = config;
-    /// # Ok::<(), idem_http::ConfigError>(())
+    /// # Ok::<(), idem_http::LayerConfigError>(())
     /// ```
     ///
     /// # Errors
-    /// [`ConfigError::EmptyScope`] for no part; [`ConfigError::InvalidCookieName`].
+    /// [`LayerConfigError::EmptyScope`] for no part; [`LayerConfigError::InvalidCookieName`].
     pub fn scope_by_all(
         mut self,
         parts: impl IntoIterator<Item = ScopePart>,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, LayerConfigError> {
         let parts: Vec<ScopePart> = parts.into_iter().collect();
         if parts.is_empty() {
-            return Err(ConfigError::EmptyScope);
+            return Err(LayerConfigError::EmptyScope);
         }
         if let Some(ScopePart::Cookie(name)) = parts.iter().find(|part| !part.is_valid()) {
-            return Err(ConfigError::InvalidCookieName(name.clone()));
+            return Err(LayerConfigError::InvalidCookieName(name.clone()));
         }
         self.config.scope = ScopeSource::Combined(parts);
         Ok(self)
@@ -498,8 +498,8 @@ impl ConfigBuilder {
     /// `WWW-Authenticate` and `Proxy-Authenticate`.
     ///
     /// # Errors
-    /// [`ConfigError::InvalidHeaderName`].
-    pub fn deny_header(mut self, name: &str) -> Result<Self, ConfigError> {
+    /// [`LayerConfigError::InvalidHeaderName`].
+    pub fn deny_header(mut self, name: &str) -> Result<Self, LayerConfigError> {
         let name = header_name(name)?;
         if !self.config.denied.contains(&name) {
             self.config.denied.push(name);
@@ -512,12 +512,12 @@ impl ConfigBuilder {
     /// denied before).
     ///
     /// # Errors
-    /// [`ConfigError::InvalidHeaderName`]; [`ConfigError::NeverStored`] for a hop-by-hop header
+    /// [`LayerConfigError::InvalidHeaderName`]; [`LayerConfigError::NeverStored`] for a hop-by-hop header
     /// or `Content-Length`.
-    pub fn allow_header(mut self, name: &str) -> Result<Self, ConfigError> {
+    pub fn allow_header(mut self, name: &str) -> Result<Self, LayerConfigError> {
         let name = header_name(name)?;
         if is_connection_or_framing(&name) {
-            return Err(ConfigError::NeverStored(name.as_str().to_owned()));
+            return Err(LayerConfigError::NeverStored(name.as_str().to_owned()));
         }
         self.config.denied.retain(|denied| *denied != name);
         Ok(self)
@@ -578,8 +578,8 @@ impl ConfigBuilder {
     /// Checks the settings together.
     ///
     /// # Errors
-    /// [`ConfigError`] naming the setting refused.
-    pub fn build(self) -> Result<Config, ConfigError> {
+    /// [`LayerConfigError`] naming the setting refused.
+    pub fn build(self) -> Result<Config, LayerConfigError> {
         let mut config = self.config;
         if !self.heartbeat_set {
             config.heartbeat = default_heartbeat(config.lease);
@@ -591,20 +591,20 @@ impl ConfigBuilder {
             (config.body_timeout, "the body timeout"),
         ] {
             if value.is_zero() {
-                return Err(ConfigError::ZeroDuration(what));
+                return Err(LayerConfigError::ZeroDuration(what));
             }
         }
         if config.wait.is_some_and(|wait| wait.is_zero()) {
-            return Err(ConfigError::ZeroDuration("the wait"));
+            return Err(LayerConfigError::ZeroDuration("the wait"));
         }
         if config.heartbeat >= config.lease {
-            return Err(ConfigError::HeartbeatNotBelowLease {
+            return Err(LayerConfigError::HeartbeatNotBelowLease {
                 heartbeat: config.heartbeat,
                 lease: config.lease,
             });
         }
         if config.methods.is_empty() {
-            return Err(ConfigError::NoMethods);
+            return Err(LayerConfigError::NoMethods);
         }
         Ok(config)
     }
@@ -716,7 +716,7 @@ mod tests {
         assert!(!config.stores_header(&HeaderName::from_static("x-request-id")));
         assert_eq!(
             Config::builder().allow_header("connection").unwrap_err(),
-            ConfigError::NeverStored("connection".into())
+            LayerConfigError::NeverStored("connection".into())
         );
     }
 
@@ -725,11 +725,11 @@ mod tests {
         assert!(Config::builder().header_name("bad name").is_err());
         assert_eq!(
             Config::builder().lease(Duration::ZERO).build().unwrap_err(),
-            ConfigError::ZeroDuration("the lease")
+            LayerConfigError::ZeroDuration("the lease")
         );
         assert_eq!(
             Config::builder().methods([]).build().unwrap_err(),
-            ConfigError::NoMethods
+            LayerConfigError::NoMethods
         );
     }
 }

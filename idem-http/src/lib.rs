@@ -129,14 +129,14 @@ pub mod scope;
 mod service;
 
 pub use body::ResponseBody;
-pub use config::{Config, ConfigBuilder, ConfigError, KeyPolicy, StoreFailure};
+pub use config::{Config, ConfigBuilder, KeyPolicy, LayerConfigError, StoreFailure};
 pub use context::IdempotencyContext;
 #[cfg(feature = "axum")]
 pub use context::MissingContext;
 pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;
 pub use outcome::Outcome;
-pub use rejection::{ProblemJson, Rejection, RejectionHandler};
+pub use rejection::{Problem, ProblemJson, Rejection, RejectionHandler};
 pub use request_body::RequestBody;
 pub use scope::ScopePart;
 pub use service::{Idempotency, REPLAY_HEADER, REPLAYED_HEADER, STATUS_HEADER};

@@ -47,6 +47,65 @@ pub const STORE_OPS: [StoreOp; 4] = [
     StoreOp::Release,
 ];
 
+/// The help texts of the layer's counters without labels.
+const COUNTER_HELP: [(&str, &str); 6] = [
+    (
+        CLAIMS_ACQUIRED,
+        "Claims acquired: the handler ran under a key",
+    ),
+    (REPLAYS, "Duplicates answered from a completed record"),
+    (
+        COLLISIONS,
+        "Duplicates that met a record still in flight (409, or a wait)",
+    ),
+    (
+        MISMATCHES,
+        "Keys reused with another method, path, query or body (422)",
+    ),
+    (
+        TAKEOVERS,
+        "Claims that took over a lapsed lease (a crashed holder)",
+    ),
+    (
+        OMITTED,
+        "Responses stored without their body (over the storage cap)",
+    ),
+];
+
+/// Registers the help texts of the layer's metrics with the installed `metrics` recorder
+/// (a Prometheus exporter prints them as `# HELP`). The store metrics and the lease losses are
+/// described by idem-lease ([`register_at_zero`] does that too).
+pub fn describe() {
+    metrics::describe_counter!(
+        REQUESTS,
+        "Requests through the idempotency layer, by outcome"
+    );
+    for (name, help) in COUNTER_HELP {
+        metrics::describe_counter!(name, help);
+    }
+    metrics::describe_counter!(
+        FAILURES,
+        "Claims released without a stored response, by kind"
+    );
+}
+
+/// Registers every series of the layer at zero (the store metrics labelled `store`), so that a
+/// dashboard and an alert see them before the first request: each outcome, each counter, each
+/// failure kind, the lease losses and the store metrics of [`STORE_OPS`].
+pub fn register_at_zero(store: &'static str) {
+    for outcome in Outcome::ALL {
+        let _ = metrics::counter!(REQUESTS, "outcome" => outcome.as_str());
+    }
+    for (name, _) in COUNTER_HELP {
+        let _ = metrics::counter!(name);
+    }
+    let _ = metrics::counter!(LEASE_LOSSES);
+    for kind in FAILURE_KINDS {
+        let _ = metrics::counter!(FAILURES, "kind" => kind);
+    }
+    idem_lease::register_at_zero(store, &STORE_OPS);
+}
+
 /// What the layer's metrics say of themselves to the recorder (as `metrics::counter!` would).
 static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));

@@ -302,40 +302,82 @@ impl ProblemJson {
 
 impl RejectionHandler for ProblemJson {
     fn respond(&self, rejection: &Rejection) -> Response<Bytes> {
-        let status = rejection.status();
-        let mut body = String::with_capacity(256);
-        body.push_str("{\"type\":");
-        push_json_string(
-            &mut body,
-            &format!("{}{}", self.type_base, rejection.name()),
-        );
-        body.push_str(",\"title\":");
-        push_json_string(&mut body, rejection.title());
-        body.push_str(&format!(",\"status\":{},\"detail\":", status.as_u16()));
-        push_json_string(&mut body, &rejection.detail());
-        body.push('}');
-        let mut response = Response::new(Bytes::from(body));
-        *response.status_mut() = status;
+        Problem {
+            type_uri: format!("{}{}", self.type_base, rejection.name()),
+            title: rejection.title().to_owned(),
+            status: rejection.status(),
+            detail: rejection.detail(),
+        }
+        .into_response()
+    }
+}
+
+/// An RFC 9457 problem details object: the one writer of `application/problem+json` for
+/// [`ProblemJson`] and for a program that answers problems of its own (the `idem` gateway's
+/// 502, 503 and 504), with `type`, `title`, `status` and `detail` in that order.
+///
+/// ```
+/// use http::StatusCode;
+/// use idem_http::rejection::Problem;
+///
+/// let response = Problem {
+///     type_uri: "about:blank".into(),
+///     title: "Bad Gateway".into(),
+///     status: StatusCode::BAD_GATEWAY,
+///     detail: "the upstream broke off".into(),
+/// }
+/// .into_response();
+/// assert_eq!(response.status(), 502);
+/// assert_eq!(response.headers()["content-type"], "application/problem+json");
+/// assert!(response.body().starts_with(br#"{"type":"about:blank","title":"Bad Gateway","status":502,"#));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// `type`: a URI naming the kind of problem (`about:blank` for none but the status).
+    pub type_uri: String,
+    /// `title`: a short summary that does not change between occurrences.
+    pub title: String,
+    /// `status`, also the response's status.
+    pub status: StatusCode,
+    /// `detail`: what happened in this occurrence, for a person.
+    pub detail: String,
+}
+
+/// The JSON form of a [`Problem`], fields in the order RFC 9457 lists them.
+#[derive(serde::Serialize)]
+struct ProblemBody<'a> {
+    #[serde(rename = "type")]
+    type_uri: &'a str,
+    title: &'a str,
+    status: u16,
+    detail: &'a str,
+}
+
+impl Problem {
+    /// The JSON object.
+    #[must_use]
+    pub fn to_json(&self) -> String {
+        let body = ProblemBody {
+            type_uri: &self.type_uri,
+            title: &self.title,
+            status: self.status.as_u16(),
+            detail: &self.detail,
+        };
+        // Strings and a number always serialize.
+        serde_json::to_string(&body).unwrap_or_default()
+    }
+
+    /// The response: the status, `Content-Type: application/problem+json` and the JSON object.
+    #[must_use]
+    pub fn into_response(self) -> Response<Bytes> {
+        let mut response = Response::new(Bytes::from(self.to_json()));
+        *response.status_mut() = self.status;
         response.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
         response
     }
-}
-
-/// Appends `text` as a JSON string.
-fn push_json_string(out: &mut String, text: &str) {
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
 }
 
 /// Whole seconds for `Retry-After`: rounded up, at least 1.

@@ -44,23 +44,23 @@ impl ScopePart {
     /// The header `name`.
     ///
     /// # Errors
-    /// [`ConfigError::InvalidHeaderName`](crate::ConfigError::InvalidHeaderName).
-    pub fn header(name: &str) -> Result<Self, crate::ConfigError> {
+    /// [`LayerConfigError::InvalidHeaderName`](crate::LayerConfigError::InvalidHeaderName).
+    pub fn header(name: &str) -> Result<Self, crate::LayerConfigError> {
         HeaderName::from_bytes(name.as_bytes())
             .map(ScopePart::Header)
-            .map_err(|_| crate::ConfigError::InvalidHeaderName(name.to_owned()))
+            .map_err(|_| crate::LayerConfigError::InvalidHeaderName(name.to_owned()))
     }
 
     /// The cookie `name`.
     ///
     /// # Errors
-    /// [`ConfigError::InvalidCookieName`](crate::ConfigError::InvalidCookieName): not an
+    /// [`LayerConfigError::InvalidCookieName`](crate::LayerConfigError::InvalidCookieName): not an
     /// RFC 6265 cookie name (a token: visible ASCII without separators).
-    pub fn cookie(name: &str) -> Result<Self, crate::ConfigError> {
+    pub fn cookie(name: &str) -> Result<Self, crate::LayerConfigError> {
         if is_cookie_name(name) {
             Ok(ScopePart::Cookie(name.to_owned()))
         } else {
-            Err(crate::ConfigError::InvalidCookieName(name.to_owned()))
+            Err(crate::LayerConfigError::InvalidCookieName(name.to_owned()))
         }
     }
 

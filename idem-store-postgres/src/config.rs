@@ -14,7 +14,7 @@ const MAX_SCHEMA_LEN: usize = 63;
 /// A configuration the store cannot use.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum PostgresConfigError {
     /// The connection URL does not parse.
     #[error("invalid PostgreSQL URL: {0}")]
     InvalidUrl(#[source] tokio_postgres::Error),
@@ -47,7 +47,7 @@ pub enum ConfigError {
 ///     .with_pool_size(NonZeroUsize::new(32).unwrap())
 ///     .with_op_timeout(Duration::from_secs(2));
 /// assert_eq!(config.schema(), "payments_idem");
-/// # Ok::<(), idem_store_postgres::ConfigError>(())
+/// # Ok::<(), idem_store_postgres::PostgresConfigError>(())
 /// ```
 #[derive(Clone, Debug)]
 #[must_use]
@@ -70,11 +70,11 @@ impl PostgresConfig {
     /// `key=value` form of libpq) with every default.
     ///
     /// # Errors
-    /// [`ConfigError::InvalidUrl`] if `url` does not parse.
-    pub fn new(url: &str) -> Result<Self, ConfigError> {
+    /// [`PostgresConfigError::InvalidUrl`] if `url` does not parse.
+    pub fn new(url: &str) -> Result<Self, PostgresConfigError> {
         let pg = url
             .parse::<tokio_postgres::Config>()
-            .map_err(ConfigError::InvalidUrl)?;
+            .map_err(PostgresConfigError::InvalidUrl)?;
         Ok(PostgresConfig {
             pg,
             schema: Self::DEFAULT_SCHEMA.to_owned(),
@@ -92,8 +92,8 @@ impl PostgresConfig {
     /// SQL, so a name PostgreSQL reserves as a keyword (`user`, `order`) works as well.
     ///
     /// # Errors
-    /// [`ConfigError::InvalidSchema`] naming the rule the name breaks.
-    pub fn with_schema(mut self, schema: &str) -> Result<Self, ConfigError> {
+    /// [`PostgresConfigError::InvalidSchema`] naming the rule the name breaks.
+    pub fn with_schema(mut self, schema: &str) -> Result<Self, PostgresConfigError> {
         check_schema(schema)?;
         self.schema = schema.to_owned();
         Ok(self)
@@ -164,9 +164,9 @@ impl PostgresConfig {
 }
 
 /// Checks that `schema` is a plain identifier that needs no quoting.
-fn check_schema(schema: &str) -> Result<(), ConfigError> {
+fn check_schema(schema: &str) -> Result<(), PostgresConfigError> {
     let fail = |reason| {
-        Err(ConfigError::InvalidSchema {
+        Err(PostgresConfigError::InvalidSchema {
             schema: schema.to_owned(),
             reason,
         })
@@ -204,7 +204,7 @@ mod tests {
             assert!(
                 matches!(
                     config.clone().with_schema(bad),
-                    Err(ConfigError::InvalidSchema { .. })
+                    Err(PostgresConfigError::InvalidSchema { .. })
                 ),
                 "{bad:?} accepted"
             );
@@ -215,7 +215,7 @@ mod tests {
     fn bad_urls_are_refused_and_timeouts_reach_the_server() {
         assert!(matches!(
             PostgresConfig::new("postgres://u@host:notaport/db"),
-            Err(ConfigError::InvalidUrl(_))
+            Err(PostgresConfigError::InvalidUrl(_))
         ));
         let config = PostgresConfig::new("postgres://u@localhost/db")
             .unwrap()

@@ -123,7 +123,7 @@ mod schema;
 mod store;
 mod transaction;
 
-pub use config::{ConfigError, PostgresConfig};
+pub use config::{PostgresConfig, PostgresConfigError};
 pub use schema::MigrationReport;
 pub use store::{PostgresStore, migrate};
 

@@ -14,7 +14,7 @@ use crate::layout;
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum RedisConfigError {
     /// The URL cannot be parsed, or its scheme is not `redis`, `rediss`, `unix` or
     /// `redis+unix`.
     #[error("invalid Redis URL {url}: {reason}")]
@@ -113,7 +113,7 @@ impl ClockOffset {
 /// The configuration of a [`crate::RedisStore`]: the server (one node or a Cluster's seeds),
 /// credentials, database, key namespace, timeouts and storage settings.
 ///
-/// Consuming `with_*` methods; the fallible ones return [`ConfigError`]. The defaults:
+/// Consuming `with_*` methods; the fallible ones return [`RedisConfigError`]. The defaults:
 ///
 /// | setting | default |
 /// |---|---|
@@ -136,7 +136,7 @@ impl ClockOffset {
 ///
 /// let cluster = RedisConfig::cluster(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])?;
 /// assert!(cluster.is_cluster());
-/// # Ok::<(), idem_store_redis::ConfigError>(())
+/// # Ok::<(), idem_store_redis::RedisConfigError>(())
 /// ```
 #[derive(Clone)]
 #[must_use]
@@ -167,9 +167,9 @@ impl RedisConfig {
     /// (TLS, with the `tls` feature), or `unix:///path/to/redis.sock`.
     ///
     /// # Errors
-    /// [`ConfigError::Url`] if the URL does not parse; [`ConfigError::TlsNotBuilt`] for
+    /// [`RedisConfigError::Url`] if the URL does not parse; [`RedisConfigError::TlsNotBuilt`] for
     /// `rediss://` without the `tls` feature.
-    pub fn new(url: impl Into<String>) -> Result<Self, ConfigError> {
+    pub fn new(url: impl Into<String>) -> Result<Self, RedisConfigError> {
         let url = url.into();
         check_url(&url)?;
         Ok(RedisConfig::with_nodes(Nodes::Single(url)))
@@ -179,53 +179,21 @@ impl RedisConfig {
     /// rest). Each seed is a URL as for [`RedisConfig::new`].
     ///
     /// # Errors
-    /// [`ConfigError::NoSeeds`] for an empty list; [`ConfigError::Url`] or
-    /// [`ConfigError::TlsNotBuilt`] for a bad seed.
-    pub fn cluster<I, S>(seeds: I) -> Result<Self, ConfigError>
+    /// [`RedisConfigError::NoSeeds`] for an empty list; [`RedisConfigError::Url`] or
+    /// [`RedisConfigError::TlsNotBuilt`] for a bad seed.
+    pub fn cluster<I, S>(seeds: I) -> Result<Self, RedisConfigError>
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
         let seeds: Vec<String> = seeds.into_iter().map(Into::into).collect();
         if seeds.is_empty() {
-            return Err(ConfigError::NoSeeds);
+            return Err(RedisConfigError::NoSeeds);
         }
         for seed in &seeds {
             check_url(seed)?;
         }
         Ok(RedisConfig::with_nodes(Nodes::Cluster(seeds)))
-    }
-
-    /// A single server or a Redis Cluster, named by one URL: a single server as for
-    /// [`RedisConfig::new`], or a Cluster as `redis+cluster://HOST:PORT,HOST:PORT[/...]`
-    /// (`rediss+cluster://` for TLS): its seed nodes, each with the URL's credentials and
-    /// what follows the hosts. The form a command line or a configuration file takes.
-    ///
-    /// ```
-    /// use idem_store_redis::RedisConfig;
-    ///
-    /// assert!(!RedisConfig::from_url("redis://127.0.0.1:6379")?.is_cluster());
-    /// let cluster = RedisConfig::from_url("redis+cluster://10.0.0.1:7000,10.0.0.2:7000")?;
-    /// assert!(cluster.is_cluster());
-    /// # Ok::<(), idem_store_redis::ConfigError>(())
-    /// ```
-    ///
-    /// # Errors
-    /// As [`RedisConfig::new`], or for a Cluster as [`RedisConfig::cluster`] for any seed.
-    pub fn from_url(url: &str) -> Result<Self, ConfigError> {
-        let Some((scheme, rest)) = url.split_once("+cluster://") else {
-            return RedisConfig::new(url);
-        };
-        let (authority, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
-            None => (String::new(), authority),
-        };
-        RedisConfig::cluster(
-            hosts
-                .split(',')
-                .map(|host| format!("{scheme}://{userinfo}{host}{tail}")),
-        )
     }
 
     fn with_nodes(nodes: Nodes) -> Self {
@@ -251,11 +219,14 @@ impl RedisConfig {
     /// Two stores with different namespaces never see each other's records.
     ///
     /// # Errors
-    /// [`ConfigError::Namespace`] unless it is 1 to 64 bytes of `A-Za-z0-9_.-`.
-    pub fn with_namespace(mut self, namespace: impl Into<String>) -> Result<Self, ConfigError> {
+    /// [`RedisConfigError::Namespace`] unless it is 1 to 64 bytes of `A-Za-z0-9_.-`.
+    pub fn with_namespace(
+        mut self,
+        namespace: impl Into<String>,
+    ) -> Result<Self, RedisConfigError> {
         let namespace = namespace.into();
         if !layout::valid_namespace(&namespace) {
-            return Err(ConfigError::Namespace(namespace));
+            return Err(RedisConfigError::Namespace(namespace));
         }
         self.namespace = namespace;
         Ok(self)
@@ -276,10 +247,10 @@ impl RedisConfig {
     /// The database number; overrides one in the URL.
     ///
     /// # Errors
-    /// [`ConfigError::ClusterDatabase`] for a database other than 0 on a Cluster.
-    pub fn with_database(mut self, database: u32) -> Result<Self, ConfigError> {
+    /// [`RedisConfigError::ClusterDatabase`] for a database other than 0 on a Cluster.
+    pub fn with_database(mut self, database: u32) -> Result<Self, RedisConfigError> {
         if database != 0 && self.is_cluster() {
-            return Err(ConfigError::ClusterDatabase(database));
+            return Err(RedisConfigError::ClusterDatabase(database));
         }
         self.database = Some(database);
         Ok(self)
@@ -288,10 +259,10 @@ impl RedisConfig {
     /// How long one connection attempt may take (default 2 s).
     ///
     /// # Errors
-    /// [`ConfigError::ZeroTimeout`] for zero.
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Result<Self, ConfigError> {
+    /// [`RedisConfigError::ZeroTimeout`] for zero.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Result<Self, RedisConfigError> {
         if timeout.is_zero() {
-            return Err(ConfigError::ZeroTimeout("connect"));
+            return Err(RedisConfigError::ZeroTimeout("connect"));
         }
         self.connect_timeout = timeout;
         Ok(self)
@@ -301,10 +272,10 @@ impl RedisConfig {
     /// operation answers [`idem_core::StoreError::Timeout`].
     ///
     /// # Errors
-    /// [`ConfigError::ZeroTimeout`] for zero.
-    pub fn with_command_timeout(mut self, timeout: Duration) -> Result<Self, ConfigError> {
+    /// [`RedisConfigError::ZeroTimeout`] for zero.
+    pub fn with_command_timeout(mut self, timeout: Duration) -> Result<Self, RedisConfigError> {
         if timeout.is_zero() {
-            return Err(ConfigError::ZeroTimeout("command"));
+            return Err(RedisConfigError::ZeroTimeout("command"));
         }
         self.command_timeout = timeout;
         Ok(self)
@@ -451,17 +422,17 @@ pub(crate) fn mask(url: &str) -> String {
     }
 }
 
-fn check_url(url: &str) -> Result<(), ConfigError> {
+fn check_url(url: &str) -> Result<(), RedisConfigError> {
     let scheme = url.split_once("://").map(|(s, _)| s);
     match scheme {
         Some("redis" | "unix" | "redis+unix") => {}
         Some("rediss") => {
             if !cfg!(feature = "tls") {
-                return Err(ConfigError::TlsNotBuilt { url: mask(url) });
+                return Err(RedisConfigError::TlsNotBuilt { url: mask(url) });
             }
         }
         _ => {
-            return Err(ConfigError::Url {
+            return Err(RedisConfigError::Url {
                 url: mask(url),
                 reason: "the scheme is not redis://, rediss://, unix:// or redis+unix://"
                     .to_owned(),
@@ -470,7 +441,7 @@ fn check_url(url: &str) -> Result<(), ConfigError> {
     }
     redis::IntoConnectionInfo::into_connection_info(url)
         .map(|_| ())
-        .map_err(|err| ConfigError::Url {
+        .map_err(|err| RedisConfigError::Url {
             url: mask(url),
             reason: err.to_string(),
         })
@@ -481,44 +452,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_cluster_url_names_every_seed_with_its_credentials() {
-        let config = RedisConfig::from_url("redis+cluster://u:pw@10.0.0.1:7000,10.0.0.2:7001")
-            .expect("a cluster URL");
-        assert!(
-            config.nodes
-                == Nodes::Cluster(vec![
-                    "redis://u:pw@10.0.0.1:7000".to_owned(),
-                    "redis://u:pw@10.0.0.2:7001".to_owned(),
-                ])
-        );
-        assert!(
-            !RedisConfig::from_url("redis://10.0.0.1:7000/2")
-                .expect("a server URL")
-                .is_cluster()
-        );
-        assert!(matches!(
-            RedisConfig::from_url("redis+cluster://10.0.0.1:7000,10.0.0.2:x"),
-            Err(ConfigError::Url { .. })
-        ));
-    }
-
-    #[test]
     fn urls_are_checked_and_masked() {
         assert!(RedisConfig::new("redis://127.0.0.1:6379/2").is_ok());
         assert!(RedisConfig::new("unix:///run/redis.sock").is_ok());
         assert!(matches!(
             RedisConfig::new("http://127.0.0.1"),
-            Err(ConfigError::Url { .. })
+            Err(RedisConfigError::Url { .. })
         ));
         assert!(matches!(
             RedisConfig::new("redis://127.0.0.1:notaport"),
-            Err(ConfigError::Url { .. })
+            Err(RedisConfigError::Url { .. })
         ));
         let tls = RedisConfig::new("rediss://127.0.0.1:6380");
         assert_eq!(tls.is_ok(), cfg!(feature = "tls"));
         assert!(matches!(
             RedisConfig::cluster(Vec::<String>::new()),
-            Err(ConfigError::NoSeeds)
+            Err(RedisConfigError::NoSeeds)
         ));
 
         let config = RedisConfig::new("redis://app:s3cret@127.0.0.1:6379")
@@ -541,7 +490,7 @@ mod tests {
         let cluster = RedisConfig::cluster(["redis://127.0.0.1:7000"]).unwrap();
         assert!(matches!(
             cluster.clone().with_database(1),
-            Err(ConfigError::ClusterDatabase(1))
+            Err(RedisConfigError::ClusterDatabase(1))
         ));
         assert!(cluster.with_database(0).is_ok());
     }

@@ -112,7 +112,7 @@ mod scan;
 mod scripts;
 mod store;
 
-pub use config::{ClockOffset, ConfigError, RedisConfig};
+pub use config::{ClockOffset, RedisConfig, RedisConfigError};
 pub use store::RedisStore;
 
 #[doc(no_inline)]

@@ -14,7 +14,7 @@ use crate::retry::RetryPolicy;
 /// A [`JobGuardBuilder`] setting was out of range.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum GuardConfigError {
     /// The lease is zero.
     #[error("the lease is zero: it must be at least 1 ms")]
     ZeroLease,
@@ -156,23 +156,23 @@ impl JobGuardBuilder {
     /// The guard.
     ///
     /// # Errors
-    /// [`ConfigError`] if the lease or a retention is zero, or the heartbeat interval is not
+    /// [`GuardConfigError`] if the lease or a retention is zero, or the heartbeat interval is not
     /// below the lease.
-    pub fn build(self) -> Result<JobGuard, ConfigError> {
+    pub fn build(self) -> Result<JobGuard, GuardConfigError> {
         if self.lease < Duration::from_millis(1) {
-            return Err(ConfigError::ZeroLease);
+            return Err(GuardConfigError::ZeroLease);
         }
         for (retention, what) in [
             (self.retention, "the retention"),
             (self.failure_retention, "the failure retention"),
         ] {
             if retention.is_zero() {
-                return Err(ConfigError::ZeroRetention(what));
+                return Err(GuardConfigError::ZeroRetention(what));
             }
         }
         let heartbeat = self.heartbeat.unwrap_or(self.lease / 3);
         if heartbeat.is_zero() || heartbeat >= self.lease {
-            return Err(ConfigError::Heartbeat {
+            return Err(GuardConfigError::Heartbeat {
                 interval: heartbeat,
                 lease: self.lease,
             });
@@ -215,15 +215,15 @@ mod tests {
         let builder = || JobGuard::builder(Arc::new(MemoryStore::new()));
         assert!(matches!(
             builder().lease(Duration::ZERO).build(),
-            Err(ConfigError::ZeroLease)
+            Err(GuardConfigError::ZeroLease)
         ));
         assert!(matches!(
             builder().retention(Duration::ZERO).build(),
-            Err(ConfigError::ZeroRetention("the retention"))
+            Err(GuardConfigError::ZeroRetention("the retention"))
         ));
         assert!(matches!(
             builder().failure_retention(Duration::ZERO).build(),
-            Err(ConfigError::ZeroRetention("the failure retention"))
+            Err(GuardConfigError::ZeroRetention("the failure retention"))
         ));
         assert!(
             builder()

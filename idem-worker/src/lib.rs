@@ -109,7 +109,7 @@ mod outcome;
 mod retry;
 mod unwind;
 
-pub use builder::{ConfigError, JobGuardBuilder};
+pub use builder::{GuardConfigError, JobGuardBuilder};
 pub use claim::JobClaim;
 pub use context::JobContext;
 pub use error::{ErrorClass, JobError, ResultExt};

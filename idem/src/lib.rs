@@ -56,11 +56,17 @@
 //! | `redb` | no | `idem::redb`: the embedded durable store (`idem-store-redb`) |
 //! | `http` | no | `idem::http`: the `Idempotency-Key` tower layer (`idem-http`) |
 //! | `worker` | no | `idem::worker`: the job guard for queue consumers (`idem-worker`) |
+//! | `serde` | no | `Deserialize` for [`StoreSpec`], from a string in a configuration file |
+//!
+//! [`StoreSpec`] parses the store a URL names (`memory`, `redis://...`, `postgres://...`,
+//! `redb:PATH`), and [`OpenOptions`] opens it, among the stores the build has.
 
 pub use idem_core::*;
 
 mod open;
-pub use open::{OpenError, Opened, open, open_or_defer};
+mod spec;
+pub use open::{OpenError, OpenOptions, OpenedStore, open, open_or_defer};
+pub use spec::{StoreSpec, StoreSpecError};
 
 /// The embedded in-memory store (feature `memory`, on by default).
 #[cfg(feature = "memory")]

@@ -28,7 +28,7 @@ fn readme_rows() -> Vec<(String, String)> {
 #[test]
 fn the_readme_lists_every_feature_as_available() {
     let features = manifest_features();
-    assert_eq!(features.len(), 6, "{features:?}");
+    assert_eq!(features.len(), 7, "{features:?}");
     let rows = readme_rows();
     let names: Vec<&str> = rows.iter().map(|(name, _)| name.as_str()).collect();
     assert_eq!(names, features, "the README's feature table");

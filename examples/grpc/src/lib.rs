@@ -49,7 +49,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::uri::PathAndQuery;
-use idem_http::{Config, ConfigError, IdempotencyLayer, Rejection};
+use idem_http::{Config, IdempotencyLayer, LayerConfigError, Rejection};
 use idem_store_memory::MemoryStore;
 use tonic::server::{NamedService, UnaryService};
 use tonic::transport::server::TcpIncoming;
@@ -175,8 +175,8 @@ impl Service<http::Request<tonic::body::Body>> for PaymentsServer {
 /// ([`grpc_rejection`]).
 ///
 /// # Errors
-/// None with these settings; [`ConfigError`] is the builder's.
-pub fn config() -> Result<Config, ConfigError> {
+/// None with these settings; [`LayerConfigError`] is the builder's.
+pub fn config() -> Result<Config, LayerConfigError> {
     Config::builder()
         .require_key()
         .rejection_handler(grpc_rejection)

@@ -28,7 +28,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Admin, only};
-use crate::config::ConfigError;
+use crate::config::GatewayConfigError;
 use crate::records::{ArgNames, record_json, record_key, scan_query, unreadable_json};
 
 /// The path prefix of the key API.
@@ -50,7 +50,7 @@ pub(crate) fn error(status: StatusCode, message: impl std::fmt::Display) -> Resp
     json_response(status, &json!({ "error": message.to_string() }))
 }
 
-fn bad_request(err: &ConfigError) -> Response {
+fn bad_request(err: &GatewayConfigError) -> Response {
     error(StatusCode::BAD_REQUEST, err)
 }
 
@@ -172,7 +172,10 @@ async fn list(
         None => idem_core::ScanQuery::DEFAULT_LIMIT,
         Some(Ok(limit)) => limit,
         Some(Err(err)) => {
-            return bad_request(&ConfigError::new(Some("limit".to_owned()), err.to_string()));
+            return bad_request(&GatewayConfigError::new(
+                Some("limit".to_owned()),
+                err.to_string(),
+            ));
         }
     };
     let mut query = match scan_query(

@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use super::api::PREFIX;
 use crate::commands::Failure;
-use crate::config::ConfigError;
+use crate::config::GatewayConfigError;
 use crate::proxy::error_chain;
 
 /// What [`encode`] escapes: everything but the unreserved characters of RFC 3986
@@ -59,10 +59,10 @@ impl AdminClient {
     /// sending `token` as a bearer token when given.
     ///
     /// # Errors
-    /// [`ConfigError`] naming `--admin` when the URL is not an `http://` URL.
-    pub(crate) fn new(url: &str, token: Option<String>) -> Result<Self, ConfigError> {
+    /// [`GatewayConfigError`] naming `--admin` when the URL is not an `http://` URL.
+    pub(crate) fn new(url: &str, token: Option<String>) -> Result<Self, GatewayConfigError> {
         let bad = |why: &str| {
-            ConfigError::new(
+            GatewayConfigError::new(
                 Some("--admin".to_owned()),
                 format!("{why} in {url:?}: expected http://HOST:PORT"),
             )

@@ -8,9 +8,10 @@ use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use http::HeaderName;
+use idem::{OpenError, OpenOptions, StoreSpec};
 use toml::Spanned;
 
-use super::ConfigError;
+use super::GatewayConfigError;
 use super::internal::{
     AdminConfig, Config, LogConfig, Origin, Overrides, ServerConfig, StoreConfig, UpstreamConfig,
     defaults,
@@ -20,9 +21,9 @@ use super::routes::route_configs;
 use super::toml::{
     AdminSection, FileConfig, LogSection, ServerSection, StoreSection, UpstreamSection,
 };
-use super::value::{ByteSize, HumanDuration, ListenAddr, StoreSpec, UpstreamUrl};
+use super::value::{ByteSize, HumanDuration, ListenAddr, UpstreamUrl};
 use crate::fence::FenceHeaders;
-use crate::store::{Backends, SettingError};
+use crate::store::Backends;
 
 /// The shortest admin token taken, in bytes: 16 printable characters are more than 2^100
 /// guesses, so the admin listener may always accept the right token (see
@@ -40,19 +41,22 @@ const LEASE_FLAG: &str = "--lease (or IDEM_LEASE)";
 const RETENTION_FLAG: &str = "--retention (or IDEM_RETENTION)";
 
 /// An override parsed with the file's parser; a bad value names the flag and its variable.
-fn flag<T: std::str::FromStr<Err = String>>(
+fn flag<T: std::str::FromStr<Err: std::fmt::Display>>(
     value: Option<&String>,
     flag: &str,
-) -> Result<Option<T>, ConfigError> {
+) -> Result<Option<T>, GatewayConfigError> {
     value
         .map(|text| {
             text.parse::<T>()
-                .map_err(|err| ConfigError::new(Some(flag.to_owned()), err))
+                .map_err(|err| GatewayConfigError::new(Some(flag.to_owned()), err.to_string()))
         })
         .transpose()
 }
 
-fn socket_addr(value: Option<&String>, name: &str) -> Result<Option<SocketAddr>, ConfigError> {
+fn socket_addr(
+    value: Option<&String>,
+    name: &str,
+) -> Result<Option<SocketAddr>, GatewayConfigError> {
     Ok(flag::<ListenAddr>(value, name)?.map(|ListenAddr(addr)| addr))
 }
 
@@ -72,7 +76,7 @@ pub(super) fn positive(
     what: &str,
     origin: &Origin,
     at: Option<usize>,
-) -> Result<Duration, ConfigError> {
+) -> Result<Duration, GatewayConfigError> {
     if value.is_zero() {
         return Err(origin.error_at(at, format!("{what} must be longer than zero")));
     }
@@ -85,7 +89,7 @@ pub(super) fn size(
     what: &str,
     inherited: NonZeroUsize,
     origin: &Origin,
-) -> Result<NonZeroUsize, ConfigError> {
+) -> Result<NonZeroUsize, GatewayConfigError> {
     let Some(value) = value else {
         return Ok(inherited);
     };
@@ -106,12 +110,12 @@ impl Config {
     /// error is one line naming where the bad value is (`file:line:column`, or the flag).
     ///
     /// # Errors
-    /// [`ConfigError`] naming the first setting refused.
+    /// [`GatewayConfigError`] naming the first setting refused.
     pub(crate) fn build(
         file: FileConfig,
         overrides: &Overrides,
         origin: &Origin,
-    ) -> Result<Config, ConfigError> {
+    ) -> Result<Config, GatewayConfigError> {
         // Overrides first: a bad flag is reported even when the file is fine.
         let flags = Flags::parse(overrides)?;
         let FileConfig {
@@ -182,7 +186,7 @@ struct Flags {
 }
 
 impl Flags {
-    fn parse(overrides: &Overrides) -> Result<Flags, ConfigError> {
+    fn parse(overrides: &Overrides) -> Result<Flags, GatewayConfigError> {
         let listen = socket_addr(overrides.listen.as_ref(), "--listen (or IDEM_LISTEN)")?;
         let upstream_url =
             flag::<UpstreamUrl>(overrides.upstream.as_ref(), "--upstream (or IDEM_UPSTREAM)")?;
@@ -193,7 +197,7 @@ impl Flags {
         let admin_listen = socket_addr(overrides.admin_listen.as_ref(), ADMIN_LISTEN_FLAG)?;
         for (value, name) in [(lease, LEASE_FLAG), (retention, RETENTION_FLAG)] {
             if value.is_some_and(|d| d.is_zero()) {
-                return Err(ConfigError::new(
+                return Err(GatewayConfigError::new(
                     Some(name.to_owned()),
                     "must be longer than zero",
                 ));
@@ -215,7 +219,7 @@ fn server_config(
     server: ServerSection,
     listen: Option<SocketAddr>,
     origin: &Origin,
-) -> Result<(ServerConfig, Option<usize>), ConfigError> {
+) -> Result<(ServerConfig, Option<usize>), GatewayConfigError> {
     let max_header_bytes = match &server.max_header_bytes {
         Some(spanned) => {
             let ByteSize(n) = *spanned.get_ref();
@@ -280,7 +284,7 @@ fn upstream_config(
     upstream: &UpstreamSection,
     upstream_url: Option<UpstreamUrl>,
     origin: &Origin,
-) -> Result<Option<UpstreamConfig>, ConfigError> {
+) -> Result<Option<UpstreamConfig>, GatewayConfigError> {
     // Checked with or without a URL, so that `check-config` refuses a bad name either way.
     let fence = fence_headers(upstream, origin)?;
     let upstream = match upstream_url.or(upstream.url.clone()) {
@@ -317,7 +321,10 @@ fn upstream_config(
 
 /// `[upstream] fence_headers`, `fence_header` and `attempt_header`: each name a header name
 /// that may carry them ([`lint::fence_header`]), and not both the same.
-fn fence_headers(upstream: &UpstreamSection, origin: &Origin) -> Result<FenceHeaders, ConfigError> {
+fn fence_headers(
+    upstream: &UpstreamSection,
+    origin: &Origin,
+) -> Result<FenceHeaders, GatewayConfigError> {
     let defaults = FenceHeaders::default();
     let name = |written: Option<&Spanned<String>>, default: HeaderName| match written {
         Some(written) => lint::fence_header(written.get_ref(), origin, Some(written.span().start)),
@@ -351,7 +358,7 @@ fn store_config(
     overrides: &Overrides,
     origin: &Origin,
     backends: Backends,
-) -> Result<StoreConfig, ConfigError> {
+) -> Result<StoreConfig, GatewayConfigError> {
     let namespace = match &store.namespace {
         Some(spanned) => {
             let ns = spanned.get_ref();
@@ -400,17 +407,20 @@ fn store_config(
         .unwrap_or(StoreSpec::Memory);
     let at_spec = |message: String| match spec_at {
         Some(at) => origin.error_at(Some(at), message),
-        None if overrides.store.is_some() => ConfigError::new(Some(STORE_FLAG.to_owned()), message),
+        None if overrides.store.is_some() => {
+            GatewayConfigError::new(Some(STORE_FLAG.to_owned()), message)
+        }
         None => origin.error_at(None, message),
     };
     backends.check(&spec).map_err(at_spec)?;
-    if let Err(err) = crate::store::check_settings(&spec, &namespace) {
-        return Err(match err {
-            SettingError::Url(message) => at_spec(message),
-            SettingError::Namespace(message) => {
-                origin.error_at(store.namespace.as_ref().map(|ns| ns.span().start), message)
-            }
-        });
+    // A store this build lacks was refused above, whatever the client would say.
+    match OpenOptions::new(namespace.as_str()).check(&spec) {
+        Err(OpenError::Url { reason, .. }) => return Err(at_spec(reason)),
+        Err(OpenError::Namespace { reason, .. }) => {
+            let at = store.namespace.as_ref().map(|ns| ns.span().start);
+            return Err(origin.error_at(at, reason));
+        }
+        _ => {}
     }
     let store = StoreConfig {
         spec,
@@ -429,7 +439,7 @@ fn admin_config(
     origin: &Origin,
     server: &ServerConfig,
     server_listen_at: Option<usize>,
-) -> Result<Option<AdminConfig>, ConfigError> {
+) -> Result<Option<AdminConfig>, GatewayConfigError> {
     let token = match (&overrides.admin_token, &admin.token) {
         (Some(token), _) => Some((token.clone(), None, "--admin-token (or IDEM_ADMIN_TOKEN)")),
         (None, Some(spanned)) => Some((
@@ -456,7 +466,7 @@ fn admin_config(
             if let Some(message) = refused {
                 return Err(match at {
                     Some(at) => origin.error_at(Some(at), message),
-                    None => ConfigError::new(Some(name.to_owned()), message),
+                    None => GatewayConfigError::new(Some(name.to_owned()), message),
                 });
             }
             Some(token)
@@ -478,7 +488,7 @@ fn admin_config(
         // The admin address is named where it was set: a flag, or the file.
         let at_admin_listen = |message: String| {
             if overrides.admin_listen.is_some() {
-                ConfigError::new(Some(ADMIN_LISTEN_FLAG.to_owned()), message)
+                GatewayConfigError::new(Some(ADMIN_LISTEN_FLAG.to_owned()), message)
             } else {
                 origin.error_at(admin_listen_at, message)
             }
@@ -492,7 +502,7 @@ fn admin_config(
             // Where the admin address is the default, the gateway's is named.
             return Err(match admin_listen_at {
                 None if overrides.admin_listen.is_none() && overrides.listen.is_some() => {
-                    ConfigError::new(Some("--listen (or IDEM_LISTEN)".to_owned()), message)
+                    GatewayConfigError::new(Some("--listen (or IDEM_LISTEN)".to_owned()), message)
                 }
                 None if overrides.admin_listen.is_none() => {
                     origin.error_at(server_listen_at, message)
@@ -505,7 +515,7 @@ fn admin_config(
 }
 
 /// `[log]`.
-fn log_config(log: LogSection, origin: &Origin) -> Result<LogConfig, ConfigError> {
+fn log_config(log: LogSection, origin: &Origin) -> Result<LogConfig, GatewayConfigError> {
     let level = match &log.level {
         Some(spanned) => {
             let level = spanned.get_ref();
@@ -533,7 +543,7 @@ mod tests {
     use super::*;
 
     /// The `[store]` of `text`, checked for a build with `backends`.
-    fn store_of(text: &str, backends: Backends) -> Result<StoreConfig, ConfigError> {
+    fn store_of(text: &str, backends: Backends) -> Result<StoreConfig, GatewayConfigError> {
         let file: FileConfig = ::toml::from_str(text).unwrap();
         let origin = Origin::file("idem.toml", text);
         store_config(file.store, None, &Overrides::default(), &origin, backends)

@@ -7,11 +7,12 @@ use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
+use idem::StoreSpec;
 
-use super::ConfigError;
+use super::GatewayConfigError;
 use super::lint::ConfigWarning;
 use super::toml::{KeyMode, LogFormat, OnStoreError};
-use super::value::{RoutePath, ScopeSpec, StoreSpec, UpstreamUrl};
+use super::value::{RoutePath, ScopeSpec, UpstreamUrl};
 use crate::fence::FenceHeaders;
 
 /// The defaults, in one place (the example config repeats them).
@@ -286,12 +287,12 @@ impl Origin {
         &self,
         offset: Option<usize>,
         message: impl Into<String>,
-    ) -> ConfigError {
+    ) -> GatewayConfigError {
         let location = match (offset, &self.name) {
             (Some(offset), _) => self.position(offset),
             (None, name) => name.clone(),
         };
-        ConfigError::new(location, message)
+        GatewayConfigError::new(location, message)
     }
 }
 
@@ -326,10 +327,10 @@ impl Config {
     /// The upstream, or the error `serve` gives without one.
     ///
     /// # Errors
-    /// [`ConfigError`] when no upstream is configured.
-    pub(crate) fn require_upstream(&self) -> Result<&UpstreamConfig, ConfigError> {
+    /// [`GatewayConfigError`] when no upstream is configured.
+    pub(crate) fn require_upstream(&self) -> Result<&UpstreamConfig, GatewayConfigError> {
         self.upstream.as_ref().ok_or_else(|| {
-            ConfigError::new(
+            GatewayConfigError::new(
                 None,
                 "no upstream: set [upstream] url in the config, --upstream or IDEM_UPSTREAM",
             )

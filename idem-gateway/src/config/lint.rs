@@ -1,5 +1,5 @@
 //! The foot-guns of a configuration that parses: settings that are always wrong are refused
-//! (a [`ConfigError`]), settings that may be intended but are most likely a mistake are taken
+//! (a [`GatewayConfigError`]), settings that may be intended but are most likely a mistake are taken
 //! with a [`ConfigWarning`], which `check-config` prints and `serve` logs. Each says which and
 //! why:
 //!
@@ -18,7 +18,7 @@ use std::net::SocketAddr;
 
 use http::{HeaderName, Method};
 
-use super::ConfigError;
+use super::GatewayConfigError;
 use super::internal::{Origin, Route};
 use super::toml::UpstreamSection;
 use crate::fence::FenceHeaders;
@@ -31,9 +31,9 @@ pub(crate) fn is_framing(header: &HeaderName) -> bool {
 }
 
 /// A setting that is taken but is most likely a mistake: `check-config` prints it (exit 0) and
-/// `serve` logs it at start. One line naming where the setting is, like a [`ConfigError`].
+/// `serve` logs it at start. One line naming where the setting is, like a [`GatewayConfigError`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConfigWarning(ConfigError);
+pub struct ConfigWarning(GatewayConfigError);
 
 impl ConfigWarning {
     /// Where the setting is, when known.
@@ -81,12 +81,12 @@ pub(super) fn admin_listener(listen: SocketAddr, token: Option<&str>) -> Result<
 /// Refuses a key header that is a framing or hop-by-hop field.
 ///
 /// # Errors
-/// [`ConfigError`] at `at`.
+/// [`GatewayConfigError`] at `at`.
 pub(super) fn key_header(
     header: &HeaderName,
     origin: &Origin,
     at: Option<usize>,
-) -> Result<(), ConfigError> {
+) -> Result<(), GatewayConfigError> {
     if is_framing(header) {
         return Err(origin.error_at(
             at,
@@ -104,12 +104,12 @@ pub(super) fn key_header(
 /// cannot carry a value to the upstream ([`crate::fence::refused_name`]).
 ///
 /// # Errors
-/// [`ConfigError`] at `at`.
+/// [`GatewayConfigError`] at `at`.
 pub(super) fn fence_header(
     written: &str,
     origin: &Origin,
     at: Option<usize>,
-) -> Result<HeaderName, ConfigError> {
+) -> Result<HeaderName, GatewayConfigError> {
     let header = HeaderName::from_bytes(written.as_bytes())
         .map_err(|_| origin.error_at(at, format!("{written:?} is not a header name")))?;
     if let Some(why) = crate::fence::refused_name(&header) {
@@ -128,14 +128,14 @@ pub(super) fn fence_header(
 /// copies of the fence headers from every request, so the upstream would never see the key.
 ///
 /// # Errors
-/// [`ConfigError`] at the fence header's name in `[upstream]` (or the section, for a default
+/// [`GatewayConfigError`] at the fence header's name in `[upstream]` (or the section, for a default
 /// name).
 pub(super) fn fence_headers_apart_from_keys(
     fence: &FenceHeaders,
     routes: &[Route],
     written: &UpstreamSection,
     origin: &Origin,
-) -> Result<(), ConfigError> {
+) -> Result<(), GatewayConfigError> {
     let clashes = [
         (&fence.fence, "fence_header", written.fence_header.as_ref()),
         (
@@ -163,13 +163,13 @@ pub(super) fn fence_headers_apart_from_keys(
 /// Refuses the covered methods that have no effect to run once, and warns of `GET`.
 ///
 /// # Errors
-/// [`ConfigError`] at `at` for `HEAD`, `OPTIONS`, `CONNECT` or `TRACE`.
+/// [`GatewayConfigError`] at `at` for `HEAD`, `OPTIONS`, `CONNECT` or `TRACE`.
 pub(super) fn methods(
     methods: &[Method],
     origin: &Origin,
     at: Option<usize>,
     warnings: &mut Warnings,
-) -> Result<(), ConfigError> {
+) -> Result<(), GatewayConfigError> {
     for method in methods {
         match *method {
             Method::HEAD | Method::OPTIONS | Method::CONNECT | Method::TRACE => {

@@ -38,6 +38,7 @@ pub(crate) mod toml;
 pub(crate) mod value;
 
 pub use crate::fence::FenceHeaders;
+pub use idem::StoreSpec;
 pub(crate) use internal::Origin;
 pub use internal::{
     AdminConfig, Config, LogConfig, Overrides, Route, RouteSettings, ServerConfig, StoreConfig,
@@ -46,16 +47,16 @@ pub use internal::{
 pub use lint::ConfigWarning;
 pub use toml::{KeyMode, LogFormat, OnStoreError};
 pub(crate) use value::HumanDuration;
-pub use value::{PathPattern, RoutePath, ScopeSpec, StoreSpec, UpstreamUrl};
+pub use value::{PathPattern, RoutePath, ScopeSpec, UpstreamUrl};
 
 /// A configuration that cannot be used: one line, naming where the bad value is.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConfigError {
+pub struct GatewayConfigError {
     location: Option<String>,
     message: String,
 }
 
-impl ConfigError {
+impl GatewayConfigError {
     /// An error at `location` (`file:line:column`, a flag such as `--lease`, or nothing).
     #[must_use]
     pub(crate) fn new(location: Option<String>, message: impl Into<String>) -> Self {
@@ -66,7 +67,7 @@ impl ConfigError {
             .map(str::trim)
             .collect::<Vec<_>>()
             .join(" ");
-        ConfigError { location, message }
+        GatewayConfigError { location, message }
     }
 
     /// Where the bad value is, when known.
@@ -82,7 +83,7 @@ impl ConfigError {
     }
 }
 
-impl fmt::Display for ConfigError {
+impl fmt::Display for GatewayConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.location {
             Some(location) => write!(f, "{location}: {}", self.message),
@@ -91,14 +92,18 @@ impl fmt::Display for ConfigError {
     }
 }
 
-impl std::error::Error for ConfigError {}
+impl std::error::Error for GatewayConfigError {}
 
 /// Parses and validates configuration text; `name` is how errors name the file.
 ///
 /// # Errors
-/// [`ConfigError`]: a TOML syntax error, an unknown key, a bad value or a refused setting, with
+/// [`GatewayConfigError`]: a TOML syntax error, an unknown key, a bad value or a refused setting, with
 /// its position.
-pub fn from_str(name: &str, text: &str, overrides: &Overrides) -> Result<Config, ConfigError> {
+pub fn from_str(
+    name: &str,
+    text: &str,
+    overrides: &Overrides,
+) -> Result<Config, GatewayConfigError> {
     let origin = Origin::file(name, text);
     let file: toml::FileConfig = ::toml::from_str(text).map_err(|err| {
         origin.error_at(err.span().map(|span| span.start), err.message().to_owned())
@@ -109,14 +114,17 @@ pub fn from_str(name: &str, text: &str, overrides: &Overrides) -> Result<Config,
 /// Loads the configuration: the file at `path` if any (else the defaults), then the overrides.
 ///
 /// # Errors
-/// [`ConfigError`]: the file cannot be read, or [`from_str`] refuses it.
-pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
+/// [`GatewayConfigError`]: the file cannot be read, or [`from_str`] refuses it.
+pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config, GatewayConfigError> {
     match path {
         None => Config::build(toml::FileConfig::default(), overrides, &Origin::none()),
         Some(path) => {
             let name = path.display().to_string();
             let text = std::fs::read_to_string(path).map_err(|err| {
-                ConfigError::new(Some(name.clone()), format!("cannot read the config: {err}"))
+                GatewayConfigError::new(
+                    Some(name.clone()),
+                    format!("cannot read the config: {err}"),
+                )
             })?;
             from_str(&name, &text, overrides)
         }

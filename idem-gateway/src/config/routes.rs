@@ -7,7 +7,7 @@ use std::time::Duration;
 use http::HeaderName;
 use toml::Spanned;
 
-use super::ConfigError;
+use super::GatewayConfigError;
 use super::build::{positive, size};
 use super::internal::{DEFAULT_ROUTE, Origin, Route, RouteSettings};
 use super::lint::{self, Warnings};
@@ -19,7 +19,7 @@ fn header_names(
     allow: bool,
     origin: &Origin,
     at: Option<usize>,
-) -> Result<Vec<HeaderName>, ConfigError> {
+) -> Result<Vec<HeaderName>, GatewayConfigError> {
     names
         .iter()
         .map(|name| {
@@ -54,7 +54,7 @@ fn settings(
     origin: &Origin,
     at: Option<usize>,
     warnings: &mut Warnings,
-) -> Result<RouteSettings, ConfigError> {
+) -> Result<RouteSettings, GatewayConfigError> {
     let (lease, heartbeat) = lease_and_heartbeat(section, parent, lease_override, origin, at)?;
     let retention = positive(
         retention_override
@@ -139,7 +139,7 @@ fn lease_and_heartbeat(
     lease_override: Option<Duration>,
     origin: &Origin,
     at: Option<usize>,
-) -> Result<(Duration, Duration), ConfigError> {
+) -> Result<(Duration, Duration), GatewayConfigError> {
     let lease_at = position(section.lease.as_ref(), at);
     let lease = positive(
         lease_override
@@ -183,7 +183,7 @@ fn key_header(
     section: &RouteSection,
     parent: &RouteSettings,
     origin: &Origin,
-) -> Result<HeaderName, ConfigError> {
+) -> Result<HeaderName, GatewayConfigError> {
     match &section.header {
         Some(name) => {
             let at = Some(name.span().start);
@@ -207,7 +207,7 @@ fn methods(
     parent: &RouteSettings,
     origin: &Origin,
     warnings: &mut Warnings,
-) -> Result<Vec<http::Method>, ConfigError> {
+) -> Result<Vec<http::Method>, GatewayConfigError> {
     match &section.methods {
         Some(methods) if methods.get_ref().is_empty() => Err(origin.error_at(
             Some(methods.span().start),
@@ -230,7 +230,7 @@ pub(super) fn route_configs(
     retention: Option<Duration>,
     origin: &Origin,
     warnings: &mut Warnings,
-) -> Result<Vec<Route>, ConfigError> {
+) -> Result<Vec<Route>, GatewayConfigError> {
     let base = RouteSettings::default();
     let (top, top_at) = match idempotency {
         Some(spanned) => (spanned.get_ref().clone(), Some(spanned.span().start)),

@@ -3,11 +3,12 @@
 //!
 //! `idem.example.toml` at the root of this crate documents every key with its default.
 
+use idem::StoreSpec;
 use serde::Deserialize;
 use toml::Spanned;
 
 use super::value::{
-    ByteSize, HumanDuration, ListenAddr, MethodName, PathPattern, ScopeSpec, StoreSpec, UpstreamUrl,
+    ByteSize, HumanDuration, ListenAddr, MethodName, PathPattern, ScopeSpec, UpstreamUrl,
 };
 
 /// The whole file.

@@ -3,7 +3,6 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -146,157 +145,6 @@ impl<'de> Deserialize<'de> for ByteSize {
             }
         }
         deserializer.deserialize_any(V)
-    }
-}
-
-/// Where records are kept.
-#[derive(Clone, PartialEq, Eq)]
-pub enum StoreSpec {
-    /// In this process (`memory`): gone when it exits, not shared between gateways.
-    Memory,
-    /// A Redis server (`redis://HOST[:PORT][/DB]`, `rediss://` for TLS), or a Redis Cluster
-    /// (`redis+cluster://HOST:PORT,HOST:PORT`, any nodes of it as seeds).
-    Redis(String),
-    /// A PostgreSQL database (`postgres://USER@HOST[:PORT]/DB`).
-    Postgres(String),
-    /// An embedded durable file (`redb:PATH`).
-    Redb(PathBuf),
-}
-
-impl StoreSpec {
-    /// The store's kind: `memory`, `redis`, `postgres` or `redb` (the `store` label of metrics).
-    #[must_use]
-    pub fn kind(&self) -> &'static str {
-        match self {
-            StoreSpec::Memory => "memory",
-            StoreSpec::Redis(_) => "redis",
-            StoreSpec::Postgres(_) => "postgres",
-            StoreSpec::Redb(_) => "redb",
-        }
-    }
-}
-
-const STORE_FORMS: &str = "expected memory, redis://HOST[:PORT][/DB], redis+cluster://HOST:PORT,HOST:PORT, postgres://USER@HOST[:PORT]/DB or redb:PATH";
-
-/// Checks the authority of a URL (`[user[:password]@]host[:port]`): a host, and a port that is a
-/// number from 1 to 65535.
-fn check_authority(text: &str, rest: &str) -> Result<(), String> {
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-    let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
-    let (host, port) = if let Some(bracketed) = host_port.strip_prefix('[') {
-        match bracketed.split_once(']') {
-            Some((host, after)) => (host, after.strip_prefix(':')),
-            None => {
-                return Err(format!(
-                    "invalid store URL {text:?}: unclosed [ in the host"
-                ));
-            }
-        }
-    } else {
-        match host_port.rsplit_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (host_port, None),
-        }
-    };
-    if host.is_empty() && !authority.is_empty() || authority.is_empty() && !rest.starts_with('/') {
-        return Err(format!("invalid store URL {text:?}: no host"));
-    }
-    if let Some(port) = port {
-        match port.parse::<u16>() {
-            Ok(p) if p > 0 => {}
-            _ => {
-                return Err(format!(
-                    "invalid store URL {text:?}: port {port:?} is not a number from 1 to 65535"
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
-impl FromStr for StoreSpec {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let text = text.trim();
-        if text == "memory" || text == "memory:" {
-            return Ok(StoreSpec::Memory);
-        }
-        if let Some(path) = text.strip_prefix("redb:") {
-            let path = path.strip_prefix("//").unwrap_or(path);
-            if path.is_empty() {
-                return Err(format!(
-                    "invalid store {text:?}: redb:PATH needs a file path"
-                ));
-            }
-            return Ok(StoreSpec::Redb(PathBuf::from(path)));
-        }
-        let Some((scheme, rest)) = text.split_once("://") else {
-            return Err(format!("unknown store {text:?}: {STORE_FORMS}"));
-        };
-        match scheme {
-            "redis" | "rediss" => {
-                check_authority(text, rest)?;
-                Ok(StoreSpec::Redis(text.to_owned()))
-            }
-            "redis+cluster" | "rediss+cluster" => {
-                let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-                let (userinfo, hosts) = match authority.rsplit_once('@') {
-                    Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
-                    None => (String::new(), authority),
-                };
-                for host in hosts.split(',') {
-                    check_authority(text, &format!("{userinfo}{host}{path}"))?;
-                }
-                Ok(StoreSpec::Redis(text.to_owned()))
-            }
-            "postgres" | "postgresql" => {
-                check_authority(text, rest)?;
-                Ok(StoreSpec::Postgres(text.to_owned()))
-            }
-            _ => Err(format!(
-                "unknown store scheme {scheme:?} in {text:?}: {STORE_FORMS}"
-            )),
-        }
-    }
-}
-
-deserialize_from_str!(
-    StoreSpec,
-    "a store: \"memory\", \"redis://...\", \"postgres://...\" or \"redb:PATH\""
-);
-
-/// Hides the password of a URL (`redis://user:secret@host` -> `redis://user:***@host`).
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
-            let hidden = if userinfo.contains(':') { ":***" } else { "" };
-            format!("{scheme}://{user}{hidden}@{host}{tail}")
-        }
-        None => url.to_owned(),
-    }
-}
-
-impl fmt::Display for StoreSpec {
-    /// The store as written, with any password hidden.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StoreSpec::Memory => f.write_str("memory"),
-            StoreSpec::Redis(url) | StoreSpec::Postgres(url) => f.write_str(&redact(url)),
-            StoreSpec::Redb(path) => write!(f, "redb:{}", path.display()),
-        }
-    }
-}
-
-impl fmt::Debug for StoreSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "StoreSpec({self})")
     }
 }
 
@@ -758,6 +606,7 @@ mod tests {
 
     #[test]
     fn stores() {
+        use idem::StoreSpec;
         assert_eq!("memory".parse::<StoreSpec>().unwrap(), StoreSpec::Memory);
         assert_eq!(
             "redis://127.0.0.1:6379/0"

@@ -83,12 +83,12 @@ fn two_gateways(
 /// A Redis store (one server or a Cluster, by `url`) in `namespace`, as the gateway opens it.
 #[cfg(feature = "redis")]
 pub async fn redis_store(url: &str, namespace: &str) -> Arc<dyn Store> {
-    use idem_store_redis::{RedisConfig, RedisStore};
-    let config = RedisConfig::from_url(url)
+    let spec: idem::StoreSpec = url.parse().unwrap();
+    idem::OpenOptions::new(namespace)
+        .open(&spec)
+        .await
         .unwrap()
-        .with_namespace(namespace)
-        .unwrap();
-    Arc::new(RedisStore::connect(config).await.unwrap())
+        .store
 }
 
 /// DESIGN.md section 5 through a gateway (in this process) on `store`: the first call 201, a
