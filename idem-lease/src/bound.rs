@@ -66,8 +66,11 @@ fn with_handle<H: Clone>(
     });
 }
 
-/// A counter's key and the handle the recorder gave for it. Keep it with the service that
-/// counts into it, not in a `static` (see the module's notes on local recorders).
+/// A counter's key and the handle the recorder gave for it. Each increment goes to the
+/// recorder in use (a recorder installed later, or a test's local one, sees every count); the
+/// handle is reused only under the recorder it came from, known by its address. Keep it with
+/// the service that counts into it, not in a `static`: a dropped local recorder's address can
+/// be taken by the next one, which would then miss the counts.
 ///
 /// ```
 /// use idem_lease::BoundCounter;
