@@ -2,7 +2,11 @@
 # The idem gateway against nginx, in front of the same upstream (idem-fixture --bare), in one
 # run: the upstream direct, nginx proxy_pass (keep-alive pool), `idem serve` on the memory store
 # and on Redis, `idem serve` with idempotency off (the proxy alone), and on a full memory store
-# (a capacity of 20,000 that the warm-up fills, so every claim evicts). wrk -t2 -c64 for 10 s,
+# (a capacity of 20,000 that the warm-up fills, so every claim evicts), and three rows that say
+# what the aims are measured against: a minimal hyper proxy (bench/examples/hyper_proxy.rs, the
+# floor of any proxy built on hyper), and the upstream itself with idem-http's layer in process
+# (`idem-fixture --store memory`, as bench/http.sh runs it) and with `--floor` (the least any
+# idempotency layer adds). wrk -t2 -c64 for 10 s,
 # POST /echo with a unique Idempotency-Key per request (bench/http/unique-keys.lua: every
 # request a first execution) and with one key (bench/http/replay.lua: every request after the
 # first a replay). Prints requests per second and p99 latency, with their ratios to nginx, as a
@@ -34,9 +38,11 @@ NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
 echo "building idem-fixture and idem (release, with the redis store)" >&2
 cargo build --release -q -p idem-fixture -p idem-gateway --features idem-gateway/redis
+cargo build --release -q -p idem-bench --example hyper_proxy
 target_dir=$(target_dir)
 fixture="$target_dir/release/idem-fixture"
 idem="$target_dir/release/idem"
+hyper_proxy="$target_dir/release/examples/hyper_proxy"
 
 work=$(mktemp -d)
 pids=()
@@ -79,9 +85,28 @@ start_idem plain memory --config "$work/plain.toml"
 # The memory store full: a capacity the warm-up run fills, so every measured claim evicts.
 printf '[store]\nmemory_capacity = 20000\n' >"$work/full.toml"
 start_idem full memory --config "$work/full.toml"
+# The floor of a proxy on hyper: one upstream connection per client connection, nothing else.
+"$hyper_proxy" 127.0.0.1:0 "$upstream" >"$work/hyper.out" 2>&1 &
+pids+=($!)
+pid_hyper=$!
+addr_hyper=$(wait_line "$work/hyper.out" "listening on ")
+# The layer in process: the upstream with idem-http's layer on the memory store, and with
+# --floor (key, body, SHA-256, one Mutex<HashMap> of responses), measured as the upstream is.
+start_fixture() { # start_fixture <name> <flags...>
+    local name=$1
+    shift
+    "$fixture" --listen 127.0.0.1:0 --retention-ms 600000 "$@" >"$work/$name.out" 2>&1 &
+    pids+=($!)
+    printf -v "pid_$name" '%s' "$!"
+    printf -v "addr_$name" '%s' "$(wait_line "$work/$name.out" "")"
+}
+start_fixture layer --store memory
+start_fixture floor --floor
 redis=false
 if [ -n "$REDIS_URL" ] && redis-cli -u "$REDIS_URL" ping >/dev/null 2>&1; then
     start_idem redis "$REDIS_URL"
+    # --floor with its records in Redis: the least any Redis-backed layer sends.
+    start_fixture redis_floor --floor --store "$REDIS_URL"
     redis=true
 fi
 
@@ -119,13 +144,13 @@ measure() {
 }
 
 declare -A rps p99 errs cpu
-targets=(direct nginx plain memory full)
+targets=(direct nginx hyper plain memory full layer floor)
 addr_direct=$upstream
 addr_nginx=$nginx_addr
 pid_direct=${pids[0]}
 # nginx's CPU is its workers'.
 pid_nginx=$(pgrep -d ' ' -P "$(cat "$work/nginx.pid")")
-$redis && targets+=(redis)
+$redis && targets+=(redis redis_floor)
 for target in "${targets[@]}"; do
     addr_var="addr_$target"
     pid_var="pid_$target"
@@ -149,6 +174,10 @@ label() {
     memory) echo "idem serve, memory store" ;;
     full) echo "idem serve, memory store full (capacity 20,000: every claim evicts)" ;;
     redis) echo "idem serve, Redis store" ;;
+    hyper) echo "floor: a minimal hyper proxy (no idem code)" ;;
+    layer) echo "upstream with idem-http's layer in process (memory store, as bench/http.sh)" ;;
+    floor) echo "upstream with --floor (the least an idempotency layer adds)" ;;
+    redis_floor) echo "upstream with --floor on Redis (the least a Redis-backed layer adds)" ;;
     esac
 }
 
@@ -171,6 +200,22 @@ for target in "${targets[@]}"; do
     u=unique-keys.lua
     echo "| $(label "$target") | ${cpu[$target,$u]} us | $(ratio "${cpu[$target,$u]}" "${cpu[nginx,$u]}") |"
 done
+u=unique-keys.lua
+# diff <a> <b>: CPU us per request of a minus b.
+diff() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", a - b }'; }
+in_gateway=$(diff "${cpu[memory,$u]}" "${cpu[plain,$u]}")
+in_process=$(diff "${cpu[layer,$u]}" "${cpu[direct,$u]}")
+floor_added=$(diff "${cpu[floor,$u]}" "${cpu[direct,$u]}")
+echo
+echo "CPU the layer adds to a first execution: inside the gateway (memory store minus the proxy alone) $in_gateway us,"
+echo "in process (the upstream with the layer minus without it, as bench/http.sh) $in_process us: $(ratio "$in_gateway" "$in_process")x (aim 1.20x or less)."
+floor_total=$(awk -v h="${cpu[hyper,$u]}" -v f="$floor_added" 'BEGIN { printf "%.1f", h + f }')
+echo "Floor of an idempotent proxy on hyper (the minimal hyper proxy plus what --floor adds to the upstream):"
+echo "$floor_total us per first execution, $(ratio "$floor_total" "${cpu[nginx,$u]}")x nginx's CPU; the gateway's memory store row: $(ratio "${cpu[memory,$u]}" "$floor_total")x that floor."
+if $redis; then
+    redis_floor=$(awk -v h="${cpu[hyper,$u]}" -v f="${cpu[redis_floor,$u]}" -v d="${cpu[direct,$u]}" 'BEGIN { printf "%.1f", h + f - d }')
+    echo "On Redis (the Redis server's CPU not counted): $redis_floor us, $(ratio "$redis_floor" "${cpu[nginx,$u]}")x nginx's CPU; the gateway's Redis row: $(ratio "${cpu[redis,$u]}" "$redis_floor")x that floor."
+fi
 for target in "${targets[@]}"; do
     for script in unique-keys.lua replay.lua; do
         if [ "${errs[$target,$script]}" != 0 ]; then

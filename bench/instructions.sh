@@ -64,7 +64,7 @@ proxy_requests=${PROXY_REQUESTS:-2000}
 install_missing nginx
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 # BUILD=no: the binaries built already.
-[ "${BUILD:-yes}" = no ] || cargo build --quiet --release -p idem-fixture -p idem-gateway -p idem-bench --example proxy_load
+[ "${BUILD:-yes}" = no ] || cargo build --quiet --release -p idem-fixture -p idem-gateway -p idem-bench --example proxy_load --example hyper_proxy
 release="$(dirname "$(dirname "$bin")")"
 idem=${IDEM:-$release/idem}
 load="$release/examples/proxy_load"
@@ -105,5 +105,23 @@ echo "  idem serve, memory, replays        $replay"
 awk -v p="$plain" -v f="$first" -v r="$replay" -v n="$nginx" 'BEGIN {
     printf "  x nginx: proxy alone %.2f, first runs %.2f, replays %.2f\n", p / n, f / n, r / n
     printf "  added by idempotency to a first run: %d; a replay (no upstream call): %.2f of the proxy alone\n", f - p, r / p }'
+# The floor of a proxy on hyper (bench/examples/hyper_proxy.rs, one serving thread), and the
+# layer in process as bench/http.sh runs it: idem-fixture with the layer on the memory store
+# and --bare, driven over TCP by the same load (the upstream itself, not behind a proxy).
+listen="127.0.0.1:$(free_port)"
+hyper=$(per_request unique "$listen" 0 "$release/examples/hyper_proxy" "$listen" "$upstream" 1)
+echo "  floor: a minimal hyper proxy       $hyper"
+fixture() { # fixture <flags...>: idem-fixture's instructions per request
+    local listen
+    listen="127.0.0.1:$(free_port)"
+    per_request unique "$listen" 0 "$release/idem-fixture" --listen "$listen" --retention-ms 600000 "$@"
+}
+bare=$(fixture --bare)
+echo "  idem-fixture --bare (the upstream) $bare"
+layer=$(fixture --store memory)
+echo "  idem-fixture, layer, memory        $layer"
+awk -v p="$plain" -v f="$first" -v b="$bare" -v l="$layer" -v h="$hyper" -v n="$nginx" 'BEGIN {
+    printf "  x nginx: hyper floor %.2f; the proxy alone %.2f of the hyper floor\n", h / n, p / h
+    printf "  added by the layer: in the gateway %d, in process %d: %.2fx (aim 1.20x or less)\n", f - p, l - b, (f - p) / (l - b) }'
 echo "the proxy alone, its $top costliest functions (instructions per request, self):"
 tail -n +2 "$work/plain.out"

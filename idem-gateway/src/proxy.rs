@@ -398,7 +398,7 @@ struct ProxyShared {
 
 /// Headers that speak to the next proxy only (RFC 9110 section 11.7), never forwarded either
 /// way, besides the connection fields.
-const PROXY_ONLY: [HeaderName; 2] = [header::PROXY_AUTHORIZATION, header::PROXY_AUTHENTICATE];
+static PROXY_ONLY: [HeaderName; 2] = [header::PROXY_AUTHORIZATION, header::PROXY_AUTHENTICATE];
 
 /// Removes hop-by-hop headers (idem-http's [`idem_http::fields::CONNECTION_FIELDS`]),
 /// the headers the `Connection` header names but `Host` (the target of a request is end to

@@ -27,6 +27,9 @@ use crate::config::ServerConfig;
 use crate::gateway::Gateway;
 use crate::proxy::Tracker;
 
+/// hyper's own limit on the header fields of an HTTP/1 request, used when none is set.
+const HYPER_MAX_HEADERS: usize = 100;
+
 /// After the grace period, how long aborted requests get to release their keys.
 const SETTLE: Duration = Duration::from_secs(5);
 
@@ -52,8 +55,13 @@ pub(crate) async fn serve(
         .http1()
         .timer(TokioTimer::new())
         .max_buf_size(settings.max_header_bytes)
-        .max_headers(settings.max_headers)
         .header_read_timeout(Duration::from_secs(30));
+    if settings.max_headers != HYPER_MAX_HEADERS {
+        // Set, hyper fills an array of that many header slots for every request it parses
+        // (about 1,000 instructions per request); left at its default, it parses into
+        // uninitialised slots on the stack, with the same limit.
+        builder.http1().max_headers(settings.max_headers);
+    }
     builder
         .http2()
         .timer(TokioTimer::new())

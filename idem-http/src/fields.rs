@@ -40,7 +40,7 @@ pub const CONNECTION_FIELDS: [HeaderName; 6] = [
 
 /// Fields that frame a message and have no place among its trailers (RFC 9110 section 6.5.1):
 /// a recipient could take them for the framing of the next message.
-const FRAMING_FIELDS: [HeaderName; 2] = [header::CONTENT_LENGTH, header::TRAILER];
+static FRAMING_FIELDS: [HeaderName; 2] = [header::CONTENT_LENGTH, header::TRAILER];
 
 /// The fields only idem sets: a handler's or an upstream's own copies would pass a fresh
 /// response off as a replay (or as unrecorded).
@@ -49,6 +49,13 @@ pub const IDEM_FIELDS: [HeaderName; 3] = [
     HeaderName::from_static(REPLAY_HEADER),
     HeaderName::from_static(STATUS_HEADER),
 ];
+
+// The public arrays are `const`s, and a `const` of names is built and dropped again at each
+// use (a `HeaderName` has drop glue): the checks per header field read these statics instead.
+/// [`CONNECTION_FIELDS`], made once.
+static CONNECTION: [HeaderName; 6] = CONNECTION_FIELDS;
+/// [`IDEM_FIELDS`], made once.
+static IDEM: [HeaderName; 3] = IDEM_FIELDS;
 
 /// The names that the `Connection` fields of `fields` list, but `Host`: the target of a
 /// request is end to end (RFC 9112 section 3.2), whatever a `Connection` says.
@@ -77,7 +84,7 @@ fn listed(fields: &HeaderMap, list: &HeaderName) -> Vec<HeaderName> {
 pub fn remove_connection_fields(fields: &mut HeaderMap, extra: &[HeaderName]) {
     let named = connection_listed(fields);
     remove_where(fields, |name| {
-        CONNECTION_FIELDS.contains(name) || extra.contains(name) || named.contains(name)
+        CONNECTION.contains(name) || extra.contains(name) || named.contains(name)
     });
 }
 
@@ -107,7 +114,7 @@ pub fn strip_trailer_fields(trailers: &mut HeaderMap) {
 /// section.
 #[must_use]
 pub fn is_connection_or_framing(name: &HeaderName) -> bool {
-    CONNECTION_FIELDS.contains(name) || FRAMING_FIELDS.contains(name)
+    CONNECTION.contains(name) || FRAMING_FIELDS.contains(name)
 }
 
 /// Rewrites the `Trailer` header of `headers` (a header section) to announce only fields a
@@ -150,7 +157,7 @@ pub fn trailer_value<'a>(names: impl IntoIterator<Item = &'a HeaderName>) -> Opt
 /// Removes the [`IDEM_FIELDS`] a handler or an upstream set: only idem sets them, on a replay
 /// or a response it did not record.
 pub fn remove_idem_fields(headers: &mut HeaderMap) {
-    remove_where(headers, |name| IDEM_FIELDS.contains(name));
+    remove_where(headers, |name| IDEM.contains(name));
 }
 
 /// The head of a handler's response as the layer passes it on: without the [`IDEM_FIELDS`]
