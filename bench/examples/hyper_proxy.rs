@@ -80,22 +80,7 @@ fn main() -> ExitCode {
         .nth(3)
         .and_then(|workers| workers.parse().ok())
         .unwrap_or(2);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("error: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error}");
-            ExitCode::FAILURE
-        }
-    }
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.worker_threads(workers);
+    idem_bench::run_main(builder, run())
 }

@@ -115,6 +115,26 @@ pub const RESULT: &[u8] = b"{\"status\":\"captured\"}";
 /// The error of a benchmark's workload.
 pub type BoxError = Box<dyn Error + Send + Sync>;
 
+/// Runs `work` on the runtime `builder` makes, for an example's `main`: its error, or the
+/// runtime's, is printed and the exit code is a failure.
+pub fn run_main<F>(mut builder: tokio::runtime::Builder, work: F) -> std::process::ExitCode
+where
+    F: std::future::Future<Output = Result<(), BoxError>>,
+{
+    let result = builder
+        .enable_all()
+        .build()
+        .map_err(BoxError::from)
+        .and_then(|runtime| runtime.block_on(work));
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// `iters` claim+complete cycles on fresh keys of `thread` (`payment:{thread}:{n}`), driven by
 /// a current-thread tokio runtime of its own.
 ///
