@@ -49,7 +49,7 @@ def control(option, pid):
 
 
 def load(args, count, run):
-    subprocess.run([args.load, args.addr, str(count), args.mode, run], check=True)
+    subprocess.run([args.load, args.addr, str(count), args.mode, run, args.path], check=True)
 
 
 def totals(path):
@@ -100,6 +100,7 @@ def main():
     parser.add_argument("--addr", required=True, help="where COMMAND listens, HOST:PORT")
     parser.add_argument("--mode", choices=["unique", "replay"], default="unique",
                         help="a new Idempotency-Key per request, or one key for all")
+    parser.add_argument("--path", default="/echo", help="the path the requests are posted to")
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--top", type=int, default=0, help="also print the N costliest functions")

@@ -3,10 +3,10 @@
 //! instructions a proxy spends per request under valgrind's callgrind (`bench/instructions.sh`).
 //!
 //! ```text
-//! cargo run --release -p idem-bench --example proxy_load -- ADDR N unique|replay RUN
+//! cargo run --release -p idem-bench --example proxy_load -- ADDR N unique|replay RUN [PATH]
 //! ```
 //!
-//! Each request is `POST /echo` with a 32-byte JSON body and an `Idempotency-Key`: `"RUN-i"`
+//! Each request is `POST PATH` (`/echo` unless given) with a 32-byte JSON body and an `Idempotency-Key`: `"RUN-i"`
 //! for the i-th request in `unique` mode (every request a first execution), `"replay-RUN"` in
 //! `replay` mode (after the first, every request a replay). The same requests as `wrk` sends
 //! in `bench/gateway.sh`.
@@ -28,8 +28,9 @@ async fn run() -> Result<(), BoxError> {
     let (Some(addr), Some(count), Some(mode), Some(run)) =
         (args.next(), args.next(), args.next(), args.next())
     else {
-        return Err("usage: proxy_load ADDR N unique|replay RUN".into());
+        return Err("usage: proxy_load ADDR N unique|replay RUN [PATH]".into());
     };
+    let path = args.next().unwrap_or_else(|| "/echo".to_owned());
     let count: u64 = count.parse()?;
     let unique = match mode.as_str() {
         "unique" => true,
@@ -46,7 +47,7 @@ async fn run() -> Result<(), BoxError> {
         } else {
             format!("\"replay-{run}\"")
         };
-        let request = Request::post("/echo")
+        let request = Request::post(path.as_str())
             .header(hyper::header::HOST, addr.as_str())
             .header("idempotency-key", key)
             .header(hyper::header::CONTENT_TYPE, "application/json")
