@@ -6,10 +6,10 @@
 //! cargo run --release -p idem-bench --example proxy_load -- ADDR N unique|replay RUN [PATH]
 //! ```
 //!
-//! Each request is `POST PATH` (`/echo` unless given) with a 32-byte JSON body and an `Idempotency-Key`: `"RUN-i"`
-//! for the i-th request in `unique` mode (every request a first execution), `"replay-RUN"` in
-//! `replay` mode (after the first, every request a replay). The same requests as `wrk` sends
-//! in `bench/gateway.sh`.
+//! Each request is `POST PATH` (`/echo` unless given) with a 32-byte JSON body and an
+//! `Idempotency-Key`: `"RUN-i"` for the i-th request in `unique` mode (every request a first
+//! execution), `"replay-RUN"` in `replay` mode (after the first, every request a replay). The
+//! same requests as `wrk` sends in `bench/gateway.sh`.
 
 use std::process::ExitCode;
 
