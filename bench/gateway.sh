@@ -201,11 +201,11 @@ for target in "${targets[@]}"; do
     echo "| $(label "$target") | ${cpu[$target,$u]} us | $(ratio "${cpu[$target,$u]}" "${cpu[nginx,$u]}") |"
 done
 u=unique-keys.lua
-# diff <a> <b>: CPU us per request of a minus b.
-diff() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", a - b }'; }
-in_gateway=$(diff "${cpu[memory,$u]}" "${cpu[plain,$u]}")
-in_process=$(diff "${cpu[layer,$u]}" "${cpu[direct,$u]}")
-floor_added=$(diff "${cpu[floor,$u]}" "${cpu[direct,$u]}")
+# minus <a> <b>: CPU us per request of a minus b.
+minus() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", a - b }'; }
+in_gateway=$(minus "${cpu[memory,$u]}" "${cpu[plain,$u]}")
+in_process=$(minus "${cpu[layer,$u]}" "${cpu[direct,$u]}")
+floor_added=$(minus "${cpu[floor,$u]}" "${cpu[direct,$u]}")
 echo
 echo "CPU the layer adds to a first execution: inside the gateway (memory store minus the proxy alone) $in_gateway us,"
 echo "in process (the upstream with the layer minus without it, as bench/http.sh) $in_process us: $(ratio "$in_gateway" "$in_process")x (aim 1.20x or less)."
