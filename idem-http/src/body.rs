@@ -1,7 +1,6 @@
 //! Bodies: the request body read with a limit, and [`ResponseBody`], the body of every response
 //! that leaves the layer.
 
-use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
@@ -11,7 +10,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idem_core::BoxError;
 use pin_project_lite::pin_project;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 /// Why a request body could not be captured.
 #[derive(Debug)]
@@ -42,10 +41,14 @@ where
 }
 
 /// What the handler's task sends to the caller's response body: its frames (or the error
-/// that broke the body off), then [`StreamFrame::End`] once the response is settled.
+/// that broke the body off), then, once the response is settled, its last frame with the end
+/// ([`StreamFrame::Last`]) or the end alone ([`StreamFrame::End`]).
 pub(crate) enum StreamFrame {
     /// A frame of the handler's body, or its error.
     Frame(Result<Frame<Bytes>, BoxError>),
+    /// The body's last frame: the body is complete after it. One message, so that the server
+    /// writes the last data and the end together (no pending poll between them).
+    Last(Frame<Bytes>),
     /// The body is complete.
     End,
 }
@@ -78,11 +81,6 @@ pin_project! {
 /// What may follow the data of a body held in memory; most have none of it (boxed, so that
 /// every response body stays small).
 struct Tail {
-    /// The end waits for this (the record's completion) after the data, if set.
-    settled: Option<oneshot::Receiver<()>>,
-    /// The last byte of a body of announced length, held back until `settled`: a client has
-    /// all of such a body before its end is signalled.
-    last: Option<Bytes>,
     trailers: Option<HeaderMap>,
     /// Its length is announced (else the handler announced none: the body stays unsized).
     sized: bool,
@@ -116,8 +114,6 @@ impl<B> ResponseBody<B> {
     pub(crate) fn collected(data: Bytes, trailers: Option<HeaderMap>) -> Self {
         let tail = trailers.map(|trailers| {
             Box::new(Tail {
-                settled: None,
-                last: None,
                 trailers: Some(trailers),
                 sized: true,
             })
@@ -131,27 +127,10 @@ impl<B> ResponseBody<B> {
     }
 
     /// A handler's body read whole: `sized` if the handler announced its length (a body it
-    /// did not is passed on without one, as the handler framed it). Its end (its trailers, if
-    /// any, then the end of the stream) waits for `settled`, if given, to be sent or dropped:
-    /// the record of the response is settled.
-    pub(crate) fn whole(
-        mut data: Bytes,
-        trailers: Option<HeaderMap>,
-        settled: Option<oneshot::Receiver<()>>,
-        sized: bool,
-    ) -> Self {
-        // A body of announced length is complete for its client with its last byte: that
-        // byte waits for the record (a body without one ends with its chunked end or trailers).
-        let last = (settled.is_some() && sized && trailers.is_none() && !data.is_empty())
-            .then(|| data.split_off(data.len() - 1));
-        let tail = (settled.is_some() || trailers.is_some() || !sized).then(|| {
-            Box::new(Tail {
-                settled,
-                last,
-                trailers,
-                sized,
-            })
-        });
+    /// did not is passed on without one, as the handler framed it). Its data, its trailers if
+    /// any and its end are all ready at once: the server writes them together.
+    pub(crate) fn whole(data: Bytes, trailers: Option<HeaderMap>, sized: bool) -> Self {
+        let tail = (trailers.is_some() || !sized).then(|| Box::new(Tail { trailers, sized }));
         ResponseBody {
             kind: Kind::Full {
                 data: (!data.is_empty()).then_some(data),
@@ -197,19 +176,7 @@ where
                 if let Some(data) = data.take() {
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
-                let Some(rest) = tail.as_mut() else {
-                    return Poll::Ready(None);
-                };
-                if let Some(wait) = rest.settled.as_mut() {
-                    // Sent or dropped, the record is settled either way.
-                    let _ = ready!(Pin::new(wait).poll(cx));
-                    rest.settled = None;
-                }
-                if let Some(last) = rest.last.take() {
-                    return Poll::Ready(Some(Ok(Frame::data(last))));
-                }
-                let trailers = rest.trailers.take();
-                *tail = None;
+                let trailers = tail.take().and_then(|rest| rest.trailers);
                 Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t))))
             }
             KindProj::Stream { frames, done, .. } => {
@@ -218,6 +185,10 @@ where
                 }
                 Poll::Ready(match ready!(frames.poll_recv(cx)) {
                     Some(StreamFrame::Frame(frame)) => Some(frame),
+                    Some(StreamFrame::Last(frame)) => {
+                        *done = true;
+                        Some(Ok(frame))
+                    }
                     Some(StreamFrame::End) => {
                         *done = true;
                         None
@@ -235,10 +206,7 @@ where
         match &self.kind {
             Kind::Inner { body } => body.is_end_stream(),
             Kind::Full { data, tail } => {
-                data.is_none()
-                    && tail.as_ref().is_none_or(|t| {
-                        t.settled.is_none() && t.last.is_none() && t.trailers.is_none()
-                    })
+                data.is_none() && tail.as_ref().is_none_or(|t| t.trailers.is_none())
             }
             Kind::Stream { done, .. } => *done,
         }
@@ -248,11 +216,7 @@ where
         match &self.kind {
             Kind::Inner { body } => body.size_hint(),
             Kind::Full { data, tail } => {
-                let held = tail
-                    .as_ref()
-                    .and_then(|t| t.last.as_ref())
-                    .map_or(0, Bytes::len);
-                let len = (data.as_ref().map_or(0, Bytes::len) + held) as u64;
+                let len = data.as_ref().map_or(0, Bytes::len) as u64;
                 if tail
                     .as_ref()
                     .is_some_and(|t| t.trailers.is_some() || !t.sized)

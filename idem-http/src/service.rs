@@ -529,9 +529,10 @@ fn storage_cap(config: &Config) -> u64 {
     u64::try_from(config.storage_cap).unwrap_or(u64::MAX)
 }
 
-/// Answers a response read whole (`early` ended; `sized` if its length was announced) and
-/// records it: the record's completion is sent first, and if the store has not answered by
-/// then the body's end waits for it.
+/// Answers a response read whole (`early` ended; `sized` if its length was announced) once its
+/// record is settled: the response leaves whole, head and body in one write, and a client that
+/// holds it finds it stored, whatever the socket's `TCP_NODELAY` (a body sent less its end, and
+/// the end after the store answered, would wait for the client's delayed ACK under Nagle).
 async fn answer_whole<B, E>(
     mut claim: Claim,
     shared: &Shared,
@@ -551,44 +552,19 @@ async fn answer_whole<B, E>(
             .map(|t| config.storable_headers(t))
             .unwrap_or_default(),
     };
-    let unstored = {
-        let mut completing = std::pin::pin!(claim.complete(response));
-        match poll_once(completing.as_mut()).await {
-            Poll::Ready(unstored) => {
-                let body = ResponseBody::whole(data, trailers, None, sized);
-                let _ = reply.send(Ok(Response::from_parts(parts, body)));
-                unstored
-            }
-            Poll::Pending if sized && data.is_empty() && trailers.is_none() => {
-                // Its head is all of it: it waits for the record.
-                let unstored = completing.await;
-                let body = ResponseBody::whole(data, trailers, None, sized);
-                let _ = reply.send(Ok(Response::from_parts(parts, body)));
-                unstored
-            }
-            Poll::Pending => {
-                // The store has the record on its way: the caller gets the response now, its
-                // body's end (its last byte, or the end of its chunks) once the record is
-                // settled (its task goes on alone).
-                let (settled, wait) = oneshot::channel();
-                let body = ResponseBody::whole(data, trailers, Some(wait), sized);
-                let _ = reply.send(Ok(Response::from_parts(parts, body)));
-                let unstored = completing.await;
-                let _ = settled.send(());
-                unstored
-            }
-        }
-    };
-    // The caller has its answer; the record is still worth storing.
+    let unstored = claim.complete(response).await;
+    let body = ResponseBody::whole(data, trailers, sized);
+    let _ = reply.send(Ok(Response::from_parts(parts, body)));
+    // The caller has its answer; a record the store failed to take is still worth storing.
     if let Some(encoded) = unstored {
         claim.retry_complete(encoded).await;
     }
 }
 
 /// Streams a response to the caller (`early` first, then the rest of `body`) while capturing
-/// it for its record, up to the storage cap (a larger body is stored omitted). The stream ends
-/// only once the record is settled, so a caller that has read the whole response finds it
-/// stored.
+/// it for its record, up to the storage cap (a larger body is stored omitted). Its last frame
+/// is held until the record is settled and then goes out with the end, so a caller that has
+/// read the whole response finds it stored, and the server writes the two together.
 async fn answer_streamed<B, E>(
     mut claim: Claim,
     shared: &Shared,
@@ -620,14 +596,32 @@ async fn answer_streamed<B, E>(
         captured.add(config, &frame);
         out.send(&mut claim, frame).await;
     }
-    while let Some(frame) = claim.beating(body.frame()).await {
-        match frame.map(fields::settle_frame) {
-            Ok(frame) => {
-                captured.add(config, &frame);
-                out.send(&mut claim, frame).await;
+    // The frame read last, passed on once the next one is known not to be ready (or to be
+    // another frame): a last frame whose end is ready with it is held for the end.
+    let mut read: Option<Frame<Bytes>> = None;
+    loop {
+        let next = match poll_once(std::pin::pin!(body.frame())).await {
+            Poll::Ready(next) => next,
+            Poll::Pending => {
+                if let Some(frame) = read.take() {
+                    out.send(&mut claim, frame).await;
+                }
+                claim.beating(body.frame()).await
             }
-            Err(error) => {
+        };
+        match next.map(|frame| frame.map(fields::settle_frame)) {
+            None => break,
+            Some(Ok(frame)) => {
+                captured.add(config, &frame);
+                if let Some(before) = read.replace(frame) {
+                    out.send(&mut claim, before).await;
+                }
+            }
+            Some(Err(error)) => {
                 claim.release("body_error").await;
+                if let Some(before) = read.take() {
+                    out.send(&mut claim, before).await;
+                }
                 let _ = out.frames.send(StreamFrame::Frame(Err(error.into()))).await;
                 return;
             }
@@ -644,59 +638,58 @@ async fn answer_streamed<B, E>(
     }
     // Only now is the body complete: a task that stops before this line (a panic in the
     // handler's body) breaks the caller's body off instead of ending it.
-    out.end().await;
+    out.end(read).await;
 }
 
-/// The sending end of a streamed body. Of a body of announced length it holds back the last
-/// byte until the record is settled: with it, a client has the whole body (its end is not
-/// signalled otherwise), so a client that has it finds the record stored.
+/// The sending end of a streamed body. Of a body of announced length it holds back the frame
+/// that completes the length until the record is settled: with it, a client has the whole body
+/// (its end is not signalled otherwise), so a client that has it finds the record stored.
 struct Outgoing {
     frames: mpsc::Sender<StreamFrame>,
     /// The bytes still to come of the announced length.
     left: Option<u64>,
-    held: Option<Bytes>,
+    held: Option<Frame<Bytes>>,
 }
 
 impl Outgoing {
-    /// Sends `frame`; a caller that went away no longer reads: the work goes on, the record
-    /// matters.
+    /// Sends `frame`, or holds it if it completes the announced length; a caller that went away
+    /// no longer reads: the work goes on, the record matters.
     async fn send(&mut self, claim: &mut Claim, frame: Frame<Bytes>) {
         if let Some(held) = self.held.take() {
-            // More than the announced length: what was held goes first.
+            // More than the announced length (or trailers): what was held goes first.
             let _ = claim
-                .beating(self.frames.send(StreamFrame::Frame(Ok(Frame::data(held)))))
+                .beating(self.frames.send(StreamFrame::Frame(Ok(held))))
                 .await;
         }
-        let frame = match frame.into_data() {
-            Ok(mut data) => {
-                if let Some(left) = self.left.as_mut() {
-                    let len = data.len() as u64;
-                    if len >= *left && !data.is_empty() {
-                        self.held = Some(data.split_off(data.len() - 1));
-                    }
-                    *left = left.saturating_sub(len);
-                }
-                if data.is_empty() {
-                    return;
-                }
-                Frame::data(data)
+        if let (Some(left), Some(data)) = (self.left.as_mut(), frame.data_ref()) {
+            let len = data.len() as u64;
+            if len == 0 {
+                return;
             }
-            Err(frame) => frame,
-        };
+            let completes = len >= *left;
+            *left = left.saturating_sub(len);
+            if completes {
+                self.held = Some(frame);
+                return;
+            }
+        }
         let _ = claim
             .beating(self.frames.send(StreamFrame::Frame(Ok(frame))))
             .await;
     }
 
-    /// Sends what was held back, and the end.
-    async fn end(self) {
-        if let Some(held) = self.held {
-            let _ = self
-                .frames
-                .send(StreamFrame::Frame(Ok(Frame::data(held))))
-                .await;
-        }
-        let _ = self.frames.send(StreamFrame::End).await;
+    /// Sends what was held back and `last`, the body's last frame if it was held too, with
+    /// the end.
+    async fn end(mut self, last: Option<Frame<Bytes>>) {
+        let last = match (self.held.take(), last) {
+            (Some(held), Some(last)) => {
+                let _ = self.frames.send(StreamFrame::Frame(Ok(held))).await;
+                Some(last)
+            }
+            (held, last) => last.or(held),
+        };
+        let end = last.map_or(StreamFrame::End, StreamFrame::Last);
+        let _ = self.frames.send(end).await;
     }
 }
 

@@ -1,6 +1,7 @@
 //! The path of a first execution's response through the layer: a body complete before it goes
-//! out is stored from the request's own future (no task, no channel) and goes out while the
-//! store takes it; a body over the storage cap streams at once and is stored omitted.
+//! out is stored from the request's own future (no task, no channel) and leaves whole once its
+//! record is settled; a streamed body's last frame comes with its end once the record is
+//! settled; a body over the storage cap streams at once and is stored omitted.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::VecDeque;
@@ -193,12 +194,13 @@ async fn a_known_length_over_the_cap_streams_at_once_and_is_stored_omitted() {
     }
     drop(send);
     let mut rest = Vec::new();
-    while rest.len() < 299 {
+    while rest.len() < 200 {
         let frame = tokio::time::timeout(HANG, body.frame()).await.unwrap();
         rest.extend_from_slice(&frame.unwrap().unwrap().into_data().unwrap());
     }
-    assert_eq!(rest, vec![b'b'; 299]);
-    assert_the_last_byte_waits_for_the_record(&mut body, &faults, &memory, "big", b"b").await;
+    assert_eq!(rest, vec![b'b'; 200]);
+    assert_the_last_frame_waits_for_the_record(&mut body, &faults, &memory, "big", &[b'b'; 100])
+        .await;
 
     assert_replayed_omitted(service, "big").await;
     assert_eq!(runs.load(Ordering::SeqCst), 1);
@@ -227,17 +229,17 @@ async fn a_body_over_the_cap_is_stored_omitted_even_if_it_would_compress_under_i
 }
 
 /// The body of `key`, whose record the store holds back (`faults`), has sent all but its last
-/// byte: that byte and the end wait for the record, and come once the store takes it.
-async fn assert_the_last_byte_waits_for_the_record(
+/// frame: that frame waits for the record, and comes once the store takes it, with the body's
+/// end ready at once after it (no pending poll between them: a server writes them together).
+async fn assert_the_last_frame_waits_for_the_record(
     body: &mut ResponseBody<HintedBody>,
     faults: &Faults,
     memory: &MemoryStore,
     key: &str,
-    last: &'static [u8],
+    last: &[u8],
 ) {
-    let next = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *body).poll_frame(cx))).await;
     assert!(
-        next.is_pending(),
+        poll_frame_now(body).await.is_pending(),
         "the body went on before the record was stored"
     );
     assert_eq!(state(memory, key).await, State::InFlight);
@@ -245,41 +247,132 @@ async fn assert_the_last_byte_waits_for_the_record(
     let next = tokio::time::timeout(HANG, body.frame()).await.unwrap();
     assert_eq!(next.unwrap().unwrap().into_data().unwrap(), last);
     assert_eq!(state(memory, key).await, State::Completed);
-    assert!(body.frame().await.is_none());
+    assert_ends_now(body).await;
 }
 
-/// A small complete response reaches its caller while the store takes it, not after: the
-/// caller has the response and all but its last byte while the store has not answered; that
-/// byte (with it, a client of a `Content-Length` has it all) and the end come once the record is
-/// completed, so a caller that has it all finds it stored. Before, the response waited for the
-/// store (this test hung until its bound).
+/// Polls `body` for a frame once.
+async fn poll_frame_now<B: Body + Unpin>(
+    body: &mut B,
+) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+    std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *body).poll_frame(cx))).await
+}
+
+/// `body` has nothing more: it says so, or its next poll ends it without pending.
+async fn assert_ends_now<B: Body + Unpin>(body: &mut B)
+where
+    B::Error: std::fmt::Debug,
+{
+    if body.is_end_stream() {
+        return;
+    }
+    match poll_frame_now(body).await {
+        Poll::Ready(None) => {}
+        Poll::Ready(Some(_)) => panic!("a frame after the last"),
+        Poll::Pending => panic!("the end did not come with the last frame"),
+    }
+}
+
+/// A small complete response leaves whole once its record is settled: while the store has not
+/// answered, the response future waits (before, the response and all but its last byte went
+/// out, and that byte followed in a second write once the store answered: on a socket without
+/// `TCP_NODELAY` Nagle held it until the client's delayed ACK, about 40 ms); once it answers,
+/// the head comes with the whole body in one frame and its end, with no pending poll between
+/// them, and the record is completed.
 #[tokio::test]
-async fn a_small_response_goes_out_while_the_store_takes_it() {
+async fn a_small_response_leaves_whole_once_its_record_is_settled() {
     let memory = Arc::new(MemoryStore::new());
     let store = FaultyStore::new(memory.clone());
     let faults = store.faults.clone();
     faults.complete_held.store(true, Ordering::SeqCst);
     let runs = Arc::new(AtomicU64::new(0));
     let service = served(store, MIB, runs.clone(), || HintedBody {
-        body: TestBody::Ready(VecDeque::from([Frame::data(Bytes::from_static(b"paid"))])),
+        body: TestBody::Ready(VecDeque::from([
+            Frame::data(Bytes::from_static(b"pa")),
+            Frame::data(Bytes::from_static(b"id")),
+        ])),
         hint: SizeHint::with_exact(4),
     });
-    let first = tokio::time::timeout(HANG, service.clone().oneshot(post("gated")))
-        .await
-        .expect("the response came before the store answered")
-        .unwrap();
+    let mut first = std::pin::pin!(service.clone().oneshot(post("gated")));
+    // Polled until its complete reached the (held) store: the work runs in this future.
+    while faults.completes.load(Ordering::SeqCst) == 0 {
+        let polled = std::future::poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx))).await;
+        assert!(
+            polled.is_pending(),
+            "the response came before its record was stored"
+        );
+        tokio::task::yield_now().await;
+    }
+    let polled = std::future::poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx))).await;
+    assert!(
+        polled.is_pending(),
+        "the response came before its record was stored"
+    );
+    assert_eq!(state(&memory, "gated").await, State::InFlight);
+    faults.release_completes();
+    let first = tokio::time::timeout(HANG, first).await.unwrap().unwrap();
+    assert_eq!(state(&memory, "gated").await, State::Completed);
     assert_eq!(first.status(), StatusCode::CREATED);
     assert_eq!(first.size_hint().exact(), Some(4));
     let mut body = first.into_body();
-    let data = body.frame().await.unwrap().unwrap().into_data().unwrap();
-    assert_eq!(data, "pai");
-    assert_the_last_byte_waits_for_the_record(&mut body, &faults, &memory, "gated", b"d").await;
+    let Poll::Ready(Some(Ok(frame))) = poll_frame_now(&mut body).await else {
+        panic!("the body was not ready with its response");
+    };
+    assert_eq!(frame.into_data().unwrap(), "paid", "the body in one frame");
+    assert_ends_now(&mut body).await;
 
     let replay = service.oneshot(post("gated")).await.unwrap();
     assert_eq!(replay.headers()["idempotent-replayed"], "true");
     assert_eq!(
         replay.into_body().collect().await.unwrap().to_bytes(),
         "paid"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A streamed body of no announced length (its frames come while the response is read): the
+/// frames go out as they come, except the last one, whose end is ready with it: it waits for
+/// the record and then comes with the end, no pending poll between them (before, the last
+/// frame went out at once and the end alone followed the record, a write of its own).
+#[tokio::test]
+async fn a_streamed_body_ends_with_its_last_frame_once_its_record_is_settled() {
+    let memory = Arc::new(MemoryStore::new());
+    let store = FaultyStore::new(memory.clone());
+    let faults = store.faults.clone();
+    faults.complete_held.store(true, Ordering::SeqCst);
+    let runs = Arc::new(AtomicU64::new(0));
+    let (send, receive) = mpsc::unbounded_channel::<Bytes>();
+    let receive = Arc::new(std::sync::Mutex::new(Some(receive)));
+    let service = served(store, MIB, runs.clone(), move || {
+        let data = receive.lock().unwrap().take();
+        HintedBody {
+            body: data.map_or_else(|| TestBody::Ready(VecDeque::new()), TestBody::Sent),
+            hint: SizeHint::new(),
+        }
+    });
+    let first = tokio::time::timeout(HANG, service.clone().oneshot(post("chunks")))
+        .await
+        .expect("the response came while the handler held back its body")
+        .unwrap();
+    let mut body = first.into_body();
+    send.send(Bytes::from_static(b"one,")).unwrap();
+    let frame = tokio::time::timeout(HANG, body.frame()).await.unwrap();
+    assert_eq!(frame.unwrap().unwrap().into_data().unwrap(), "one,");
+    // The last frame and the end, ready together.
+    send.send(Bytes::from_static(b"two")).unwrap();
+    drop(send);
+    while faults.completes.load(Ordering::SeqCst) == 0 {
+        assert!(
+            poll_frame_now(&mut body).await.is_pending(),
+            "the last frame went out before the record was stored"
+        );
+        tokio::task::yield_now().await;
+    }
+    assert_the_last_frame_waits_for_the_record(&mut body, &faults, &memory, "chunks", b"two").await;
+
+    let replay = service.oneshot(post("chunks")).await.unwrap();
+    assert_eq!(
+        replay.into_body().collect().await.unwrap().to_bytes(),
+        "one,two"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }

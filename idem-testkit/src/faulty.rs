@@ -43,6 +43,8 @@ pub struct Faults {
     pub complete_held: AtomicBool,
     /// Wakes the completes held.
     completes_released: Notify,
+    /// How many completes were asked for (held or not).
+    pub completes: AtomicU32,
     /// `heartbeat` answers `Unavailable`.
     pub heartbeat_down: AtomicBool,
     /// How many heartbeats were asked for.
@@ -142,6 +144,7 @@ impl<S: Store> Store for FaultyStore<S> {
         result: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
+        self.faults.completes.fetch_add(1, Ordering::SeqCst);
         self.faults.hold_complete().await;
         if self.faults.complete_down.load(Ordering::SeqCst)
             || take_one(&self.faults.complete_failures)
