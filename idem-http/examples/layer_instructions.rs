@@ -9,7 +9,9 @@
 //! ```
 //!
 //! `layer` sends a new key each request (first executions), `replay` one key throughout (one
-//! first execution, then replays). `bench/instructions.sh` runs each with 0 and N requests and
+//! first execution, then replays). `layer-pending` and `bare-pending` do as `layer` and `bare`
+//! around a handler that pends once before it answers (as every handler that does I/O does):
+//! the layer's cost around such a handler, against one answered on its first poll. `bench/instructions.sh` runs each with 0 and N requests and
 //! prints the cost of one request.
 
 use std::convert::Infallible;
@@ -39,6 +41,12 @@ async fn echo(request: Request<Full<Bytes>>) -> Result<Response<Full<Bytes>>, In
             .insert(http::header::CONTENT_TYPE, content_type);
     }
     Ok(response)
+}
+
+/// [`echo`], after pending once (woken at once).
+async fn echo_pending(request: Request<Full<Bytes>>) -> Result<Response<Full<Bytes>>, Infallible> {
+    tokio::task::yield_now().await;
+    echo(request).await
 }
 
 /// `POST /echo` under key `n`.
@@ -72,11 +80,14 @@ where
     bytes
 }
 
+const USAGE: &str =
+    "usage: layer_instructions layer|replay|bare|layer-pending|bare-pending REQUESTS";
+
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let mode = args.next().unwrap_or_default();
     let Some(requests) = args.next().and_then(|n| n.parse::<u64>().ok()) else {
-        eprintln!("usage: layer_instructions layer|replay|bare REQUESTS");
+        eprintln!("{USAGE}");
         return ExitCode::from(2);
     };
     let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
@@ -97,11 +108,21 @@ fn main() -> ExitCode {
                 run(service, requests, |_| 0).await
             }
             "bare" => run(handler, requests, |n| n).await,
+            "layer-pending" => {
+                let pending = service_fn(echo_pending);
+                run(
+                    IdempotencyLayer::new(MemoryStore::new()).layer(pending),
+                    requests,
+                    |n| n,
+                )
+                .await
+            }
+            "bare-pending" => run(service_fn(echo_pending), requests, |n| n).await,
             _ => u64::MAX,
         }
     });
     if bytes == u64::MAX {
-        eprintln!("usage: layer_instructions layer|replay|bare REQUESTS");
+        eprintln!("{USAGE}");
         return ExitCode::from(2);
     }
     println!("{requests} requests, {bytes} response bytes");

@@ -7,7 +7,7 @@ use std::task::Poll;
 
 use bytes::Bytes;
 use idem_core::{Lease, StoreError, TransitionRejection};
-use idem_lease::LeaseKeeper;
+use idem_lease::{Due, LeaseKeeper};
 use tokio::time::Instant;
 
 use crate::codec::{self, StoredResponse};
@@ -26,9 +26,10 @@ use crate::service::log_key;
 pub(crate) struct Claim {
     shared: Arc<Shared>,
     keeper: LeaseKeeper,
-    /// The heartbeat, polled alongside the handler ([`Claim::beating`]); it is made (and sets
-    /// its timer) only when the handler first has to wait, so a handler that answers at once
-    /// costs no timer and no allocation.
+    /// The heartbeat, polled alongside the handler ([`Claim::beating`]). A handler that has to
+    /// wait registers with the layer's [`BeatTimer`](idem_lease::BeatTimer) until its first
+    /// beat is due, and only then makes its heartbeat (which keeps a timer of its own): a
+    /// handler that answers before that, as most do, costs no timer and no allocation.
     heartbeat: Beat,
     /// When the key was claimed: how long it was held counts in the layer's recent durations.
     claimed_at: Instant,
@@ -38,6 +39,8 @@ pub(crate) struct Claim {
 enum Beat {
     /// Not started: the handler has not had to wait yet.
     Idle,
+    /// The handler waits; the first beat is not due yet.
+    Waiting(Due),
     /// Running.
     Running(Work),
     /// Stopped: the lease was lost, or the claim is settled.
@@ -66,16 +69,24 @@ impl Claim {
     pub(crate) async fn beating<F: Future>(&mut self, future: F) -> F::Output {
         let mut future = std::pin::pin!(future);
         let Claim {
+            shared,
             keeper,
             heartbeat: beat,
-            ..
+            claimed_at,
         } = self;
         std::future::poll_fn(|cx| {
             if let Poll::Ready(output) = future.as_mut().poll(cx) {
                 return Poll::Ready(output);
             }
             if let Beat::Idle = beat {
-                *beat = Beat::Running(Box::pin(keeper.heartbeat()));
+                let first = idem_lease::saturating_deadline(*claimed_at, shared.config.heartbeat);
+                *beat = Beat::Waiting(shared.beats.register(first, cx));
+            }
+            if let Beat::Waiting(due) = beat {
+                if due.poll_due(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                *beat = Beat::Running(Box::pin(keeper.heartbeat_now()));
             }
             if let Beat::Running(running) = beat {
                 if running.as_mut().poll(cx).is_ready() {

@@ -32,6 +32,11 @@ impl Detached {
         }
     }
 
+    /// Whether the work is still here and not done.
+    pub(crate) fn is_running(&self) -> bool {
+        self.work.is_some()
+    }
+
     /// Hands the work, if it is not done, to a task of its own now.
     #[inline]
     pub(crate) fn detach(&mut self) {

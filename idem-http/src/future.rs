@@ -120,11 +120,20 @@ where
                 answer,
                 shared,
             } => {
-                work.poll_inline(cx);
                 let Some(receiver) = answer.as_mut() else {
                     return Poll::Ready(Ok(polled_after_completion()));
                 };
-                let received = ready!(Pin::new(receiver).poll(cx));
+                // The answer is sent only while the work is polled here (the work is detached
+                // only after it, or with this future): read it without registering a waker, so
+                // sending it does not wake this task for a poll that has nothing to do.
+                work.poll_inline(cx);
+                let received = match receiver.try_recv() {
+                    Ok(received) => Ok(received),
+                    Err(oneshot::error::TryRecvError::Empty) if work.is_running() => {
+                        return Poll::Pending;
+                    }
+                    Err(_) => Err(()),
+                };
                 *answer = None;
                 // The work that goes on (it feeds a streamed body, or stores the record) goes on
                 // on its own from now, whether or not this future is dropped soon.

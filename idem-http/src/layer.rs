@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use idem_core::Store;
-use idem_lease::{KeeperConfig, Metered};
+use idem_lease::{BeatTimer, KeeperConfig, Metered};
 use tower_layer::Layer;
 
 use crate::config::Config;
@@ -19,6 +19,8 @@ pub(crate) struct Shared {
     pub(crate) config: Config,
     /// How each request's claim keeps its lease.
     pub(crate) keeper: Arc<KeeperConfig>,
+    /// Wakes the claims whose first heartbeat is due.
+    pub(crate) beats: BeatTimer,
     /// How long requests held their key lately: the `Retry-After` of a 409.
     pub(crate) durations: RecentDurations,
     /// The counters of every request.
@@ -33,6 +35,7 @@ impl Shared {
             KeeperConfig::new(config.lease, config.heartbeat).redact_keys(!config.log_keys);
         Shared {
             store: Arc::new(Metered::new(store, config.store_label)),
+            beats: BeatTimer::for_heartbeat(config.heartbeat),
             config,
             keeper: Arc::new(keeper),
             durations: RecentDurations::default(),

@@ -307,11 +307,22 @@ impl LeaseKeeper {
     /// [`LeaseKeeper`]). Poll it alongside the work, or spawn it and abort it when the work
     /// is done.
     pub fn heartbeat(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.heartbeat_from(saturating_deadline(Instant::now(), self.config.heartbeat))
+    }
+
+    /// [`LeaseKeeper::heartbeat`], whose first beat goes at once: for a holder that waited for
+    /// its first beat to be due without a timer of its own ([`crate::BeatTimer`]).
+    pub fn heartbeat_now(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.heartbeat_from(Instant::now())
+    }
+
+    fn heartbeat_from(&self, first: Instant) -> impl Future<Output = ()> + Send + 'static {
         heartbeat(
             self.store.clone(),
             self.config.clone(),
             self.lease.clone(),
             self.beat().clone(),
+            first,
         )
     }
 
@@ -402,9 +413,10 @@ async fn heartbeat(
     config: Arc<KeeperConfig>,
     lease: Lease,
     beat: Arc<Beat>,
+    first: Instant,
 ) {
     let interval = config.heartbeat;
-    let mut next = saturating_deadline(Instant::now(), interval);
+    let mut next = first;
     loop {
         tokio::time::sleep_until(next).await;
         if beat.lost.is_cancelled() {

@@ -9,6 +9,8 @@
 //!   once; a heartbeat that fails with a retryable error (the store is down or slow) is tried
 //!   again until the lease ends, and if none succeeded by then the lease is lost. A loss counts
 //!   once in `idem_lease_losses_total`, fires [`LeaseKeeper::lost`] and stops the heartbeat.
+//! - [`BeatTimer`] wakes many holders when their first heartbeat is due, from one task, so
+//!   that work which ends before its first beat (most of it) arms no timer of its own.
 //! - [`Metered`] wraps a [`Store`](idem_core::Store) and times every operation into
 //!   `idem_store_operation_seconds{store, op}` and counts its errors into
 //!   `idem_store_errors_total{store, op, kind}`; [`describe`] gives their help texts.
@@ -46,10 +48,12 @@
 mod bound;
 mod keeper;
 mod metered;
+mod timer;
 
 pub use bound::{BoundCounter, BoundHistogram};
 pub use keeper::{KeeperConfig, LeaseKeeper, saturating_deadline};
 pub use metered::{Metered, StoreOp, describe, register_at_zero};
+pub use timer::{BeatTimer, Due};
 
 /// The README's code blocks, compiled and run as doctests.
 #[doc = include_str!("../README.md")]
