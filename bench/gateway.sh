@@ -10,7 +10,9 @@
 # POST /echo with a unique Idempotency-Key per request (bench/http/unique-keys.lua: every
 # request a first execution) and with one key (bench/http/replay.lua: every request after the
 # first a replay). Prints requests per second and p99 latency, with their ratios to nginx, as a
-# markdown table, then the CPU time each proxy spends per request (user + system from /proc,
+# markdown table; the same for a second client, idem-load rate (hyper's pooled client with
+# TCP_NODELAY, 64 connections), run on each target right after wrk, with the targets whose two
+# clients differ by more than 20% named; then the CPU time each proxy spends per request (user + system from /proc,
 # unique keys): steadier than throughput on a machine shared with other work, and the budget
 # the ratios come down to, since wrk, the proxy and the upstream share the cores.
 #
@@ -38,11 +40,12 @@ NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
 echo "building idem-fixture and idem (release, with the redis store)" >&2
 cargo build --release -q -p idem-fixture -p idem-gateway --features idem-gateway/redis
-cargo build --release -q -p idem-bench --example hyper_proxy
+cargo build --release -q -p idem-bench --example hyper_proxy --bin idem-load
 target_dir=$(target_dir)
 fixture="$target_dir/release/idem-fixture"
 idem="$target_dir/release/idem"
 hyper_proxy="$target_dir/release/examples/hyper_proxy"
+idem_load="$target_dir/release/idem-load"
 
 work=$(mktemp -d)
 pids=()
@@ -143,7 +146,15 @@ measure() {
     echo "$rps $(to_ms "$p99") ${errors:-0} $cpu"
 }
 
-declare -A rps p99 errs cpu
+# load_rate <addr> <script>: idem-load rate in the mode of the wrk script; "<req/s> <p99 ms>".
+load_rate() {
+    local mode=unique
+    [ "$2" = replay.lua ] && mode=replay
+    "$idem_load" rate --addr "$1" --mode "$mode" --connections "$CONNECTIONS" \
+        --duration "$DURATION" --warmup 1s | awk '{ print $1, $2 }'
+}
+
+declare -A rps p99 errs cpu lrps lp99
 targets=(direct nginx hyper plain memory full layer floor)
 addr_direct=$upstream
 addr_nginx=$nginx_addr
@@ -162,6 +173,9 @@ for target in "${targets[@]}"; do
         p99[$target,$script]=$p
         errs[$target,$script]=$e
         cpu[$target,$script]=$c
+        read -r r p <<<"$(load_rate "${!addr_var}" "$script")"
+        lrps[$target,$script]=$r
+        lp99[$target,$script]=$p
     done
 done
 
@@ -191,6 +205,30 @@ for target in "${targets[@]}"; do
     r=replay.lua
     echo "| $(label "$target") | ${rps[$target,$u]} | $(ratio "${rps[$target,$u]}" "${rps[nginx,$u]}") | ${p99[$target,$u]} | $(ratio "${p99[$target,$u]}" "${p99[nginx,$u]}") | ${rps[$target,$r]} | $(ratio "${rps[$target,$r]}" "${rps[nginx,$r]}") | ${p99[$target,$r]} | $(ratio "${p99[$target,$r]}" "${p99[nginx,$r]}") |"
 done
+echo
+echo "idem-load rate (hyper's pooled client, TCP_NODELAY, $CONNECTIONS connections, $DURATION), the same targets; wrk/idem-load is the ratio of the two clients' req/s:"
+echo
+echo "| target | unique keys: req/s | x nginx | p99 ms | wrk/idem-load | replays: req/s | x nginx | p99 ms | wrk/idem-load |"
+echo "|---|---|---|---|---|---|---|---|---|"
+apart=()
+for target in "${targets[@]}"; do
+    line="| $(label "$target")"
+    for script in unique-keys.lua replay.lua; do
+        both=$(ratio "${rps[$target,$script]}" "${lrps[$target,$script]}")
+        line+=" | ${lrps[$target,$script]} | $(ratio "${lrps[$target,$script]}" "${lrps[nginx,$script]}") | ${lp99[$target,$script]} | $both"
+        if awk -v r="$both" 'BEGIN { exit !(r > 1.2 || r < 1 / 1.2) }'; then
+            apart+=("$target $script: wrk ${rps[$target,$script]}, idem-load ${lrps[$target,$script]} req/s ($both)")
+        fi
+    done
+    echo "$line |"
+done
+echo
+if [ ${#apart[@]} -gt 0 ]; then
+    echo "targets whose two clients differ by more than 20% (see bench/README.md for the causes):"
+    printf '  %s\n' "${apart[@]}"
+else
+    echo "every target within 20% between the two clients"
+fi
 echo
 echo "CPU time per request of each process (user + system, from /proc; the upstream's own for \"upstream direct\"), unique keys:"
 echo

@@ -1,25 +1,38 @@
 #!/usr/bin/env bash
-# The HTTP layer against the same app without it: wrk -t2 -c64 for 10 s against idem-fixture
-# with the layer (memory store, and Redis when the fixture has it) and with --bare, for first
-# executions (a unique key per request, bench/http/unique-keys.lua) and replays (one key,
-# bench/http/replay.lua). Prints requests per second and the ratio to --bare, and for Redis the
-# commands per request from INFO commandstats. The CPU columns are the fixture's own CPU time per
-# request, with the ratio bare/layer in parentheses (1.00 = no overhead); the last line gives
-# the difference, the CPU the layer adds to each request. A row for `--floor`, a minimal stand-in
-# for the layer, shows how much of that any idempotency layer pays; on Redis, `--floor --store
-# redis://` does the same with its records in Redis (the least a Redis-backed layer sends), and
-# the Redis server's own CPU per request (INFO cpu) stands beside each Redis row.
+# The HTTP layer against the same app without it, driven by two clients: wrk -t2 -c64 for 10 s
+# (a keep-alive client with the kernel's delayed ACKs, as real clients are) and idem-load rate
+# (hyper's pooled client, TCP_NODELAY, 64 connections), against idem-fixture with the layer
+# (memory store; Redis, PostgreSQL and redb when the fixture has them) and with --bare, for
+# first executions (a unique key per request, bench/http/unique-keys.lua) and replays (one key,
+# bench/http/replay.lua). Prints requests per second and the ratio to --bare for each client,
+# flags a target whose two clients differ by more than 20%, and for Redis the commands per
+# request from INFO commandstats. The CPU columns are the fixture's own CPU time per request
+# under wrk, with the ratio bare/layer in parentheses (1.00 = no overhead); the last lines give
+# the difference, the CPU the layer adds to each request. A row for `--floor`, a minimal
+# stand-in for the layer, shows how much of that any idempotency layer pays; on Redis, `--floor
+# --store redis://` does the same with its records in Redis (the least a Redis-backed layer
+# sends), and the Redis server's own CPU per request (INFO cpu) stands beside each Redis row.
+# For PostgreSQL and redb, the floor is the store's own claim + complete cycles per second at
+# 64 tasks next to a plain INSERT + UPDATE (redb: two durable write transactions), measured in
+# the same run with the examples bench/stores.sh runs: no layer can execute more requests per
+# second than its store completes cycles.
 #
-#   bench/http.sh                 # memory store, and Redis if `--store redis://` is accepted
+#   bench/http.sh                 # memory store, and Redis/PostgreSQL/redb where reachable
 #   DURATION=30s bench/http.sh    # longer runs
 #   STEADY=100000 bench/http.sh   # the bound of the steady-size memory store row (default 20000)
 #   REDIS_URL=redis://127.0.0.1:6379 bench/http.sh   # use that server instead of a private one
+#   POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test bench/http.sh   # the default
+#   STORES="memory redis" bench/http.sh               # only those stores
 #
 # Redis: unless REDIS_URL is set, the script starts a private redis-server on a free port (no
 # persistence) and stops it at the end, so the command counts see only this benchmark's traffic.
 # "Round trips per request" counts the commands the store sends (SET NX GET for a claim, EVALSHA
 # of the compare-and-set for a complete); the GET and SET the script runs inside the server are
-# counted apart.
+# counted apart. PostgreSQL: the run works in a schema of its own, dropped at the end; redb in a
+# file under a temporary folder.
+#
+# Prerequisites: wrk (installed from Debian's packages when missing), and the release builds
+# of idem-fixture and idem-load, which the script makes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,18 +40,25 @@ DURATION=${DURATION:-10s}
 THREADS=${THREADS:-2}
 CONNECTIONS=${CONNECTIONS:-64}
 REDIS_URL=${REDIS_URL:-}
+POSTGRES_URL=${POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}
+STORES=${STORES:-"memory redis postgres redb"}
 
 . bench/lib.sh
 install_missing wrk
 
-echo "building idem-fixture (release)" >&2
-cargo build --release -q -p idem-fixture
+echo "building idem-fixture and idem-load (release)" >&2
+cargo build --release -q -p idem-fixture -p idem-bench --bin idem-load
 target_dir=$(target_dir)
 fixture="$target_dir/release/idem-fixture"
+idem_load="$target_dir/release/idem-load"
+work=$(mktemp -d)
+schema="idem_bench_http_$$"
 
 pid=""
 cleanup() { if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi; }
-trap 'cleanup; stop_private_redis' EXIT
+drop_schema() { psql "$POSTGRES_URL" -qc "drop schema if exists $schema cascade" >/dev/null 2>&1 || true; }
+trap 'cleanup; stop_private_redis; drop_schema; rm -rf "$work"' EXIT
+has() { [[ " $STORES " == *" $1 "* ]]; }
 
 private_redis
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
@@ -88,6 +108,15 @@ redis_cpu() {
         | awk -F: '/^used_cpu_(user|sys):/ { s += $2 } END { printf "%.6f", s }'
 }
 
+# load_rate <script>: idem-load rate against $addr, in the mode of the wrk script;
+# prints "<requests per second> <p99 ms>".
+load_rate() {
+    local mode=unique
+    [ "$1" = replay.lua ] && mode=replay
+    "$idem_load" rate --addr "$addr" --mode "$mode" --connections "$CONNECTIONS" \
+        --duration "$DURATION" --warmup 1s | awk '{ print $1, $2 }'
+}
+
 declare -A result
 run_case() { # run_case <name> <script> <fixture args...>
     local name=$1 script=$2 before
@@ -102,6 +131,7 @@ run_case() { # run_case <name> <script> <fixture args...>
         result[${name}_server]=$(awk -v b="$before" -v a="$(redis_cpu)" -v rps="${result[$name]}" \
             -v d="${DURATION%s}" 'BEGIN { printf "%.1f", (a - b) * 1e6 / (rps * d) }') ;;
     esac
+    read -r result[${name}_load] result[${name}_load_p99] <<<"$(load_rate "$script")"
     cleanup
     pid=""
 }
@@ -125,7 +155,7 @@ run_case steady_unique unique-keys.lua --store memory --memory-capacity "$STEADY
 run_case steady_replay replay.lua --store memory --memory-capacity "$STEADY"
 
 redis=false
-if redis-cli -u "$REDIS_URL" ping >/dev/null 2>&1 && start --store "$REDIS_URL" 2>/dev/null; then
+if has redis && redis-cli -u "$REDIS_URL" ping >/dev/null 2>&1 && start --store "$REDIS_URL" 2>/dev/null; then
     cleanup; pid=""; redis=true
     run_case redis_unique unique-keys.lua --store "$REDIS_URL"
     run_case redis_replay replay.lua --store "$REDIS_URL"
@@ -158,6 +188,33 @@ if redis-cli -u "$REDIS_URL" ping >/dev/null 2>&1 && start --store "$REDIS_URL" 
     done
 fi
 
+# The durable stores: the layer on each, and the store's own floor at 64 tasks (claim +
+# complete cycles of the store, and the plain INSERT + UPDATE / two redb write transactions
+# beside it), from the examples bench/stores.sh runs.
+postgres=false
+if has postgres && psql "$POSTGRES_URL" -qAtc 'select 1' >/dev/null 2>&1 \
+    && start --store "$POSTGRES_URL" --namespace "$schema" 2>/dev/null; then
+    cleanup; pid=""; postgres=true
+    run_case postgres_unique unique-keys.lua --store "$POSTGRES_URL" --namespace "$schema"
+    run_case postgres_replay replay.lua --store "$POSTGRES_URL" --namespace "$schema"
+fi
+redb=false
+if has redb && start --store "redb:$work/bench.redb" 2>/dev/null; then
+    cleanup; pid=""; redb=true
+    run_case redb_unique unique-keys.lua --store "redb:$work/bench.redb"
+    run_case redb_replay replay.lua --store "redb:$work/bench.redb"
+fi
+if $postgres || $redb; then
+    echo "building the store examples (release)" >&2
+    $postgres && cargo build --release -q -p idem-store-postgres --example postgres_claim_complete
+    $redb && cargo build --release -q -p idem-store-redb --example redb_claim_complete
+fi
+floor_runs() { # floor_runs <example> <env...>: its output, 64 tasks, 5 s a column
+    env TASKS=64 SECONDS_PER_RUN=5 SLICES=1 "${@:2}" "$target_dir/release/examples/$1" 2>&1
+}
+$postgres && result[postgres_floor]=$(floor_runs postgres_claim_complete IDEM_BENCH_POSTGRES_URL="$POSTGRES_URL")
+$redb && result[redb_floor]=$(floor_runs redb_claim_complete IDEM_BENCH_DIR="$work")
+
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 
 echo
@@ -174,6 +231,8 @@ row "layer, memory store" memory
 row "layer, memory store at its steady size ($STEADY records, every claim evicts)" steady
 # added <prefix> <kind>: the fixture's CPU per request with the layer minus without it, in us.
 added() { awk -v a="${result[${1}_${2}_cpu]}" -v b="${result[bare_${2}_cpu]}" 'BEGIN { printf "%.1f", a - b }'; }
+$postgres && row "layer, PostgreSQL store" postgres
+$redb && row "layer, redb store" redb
 if $redis; then
     row "floor on Redis (--floor --store redis://: the least a Redis-backed layer does)" redis_floor
     row "layer, Redis store" redis
@@ -192,3 +251,42 @@ echo "CPU the layer adds per request (layer minus --bare): memory store $(added 
 echo "CPU the floor adds per request (--floor minus --bare): $(added floor unique) us per first execution, $(added floor replay) us per replay"
 over_floor() { awk -v a="${result[memory_${1}_cpu]}" -v b="${result[floor_${1}_cpu]}" 'BEGIN { printf "%.1f", a - b }'; }
 echo "CPU idem-http's machinery adds over the floor (memory store minus --floor): $(over_floor unique) us per first execution, $(over_floor replay) us per replay"
+
+# The second client: idem-load rate against the same targets, right after wrk's run on each.
+cases=(bare floor memory steady)
+$redis && cases+=(redis_floor redis)
+$postgres && cases+=(postgres)
+$redb && cases+=(redb)
+echo
+echo "idem-load rate (hyper's pooled client, TCP_NODELAY, $CONNECTIONS connections, $DURATION), the same targets; wrk/idem-load is the ratio of the two clients' req/s:"
+echo
+echo "| run | first executions (req/s) | ratio to --bare | p99 ms | wrk/idem-load | replays (req/s) | ratio to --bare | p99 ms | wrk/idem-load |"
+echo "|---|---|---|---|---|---|---|---|---|"
+apart=()
+for c in "${cases[@]}"; do
+    line="| $c"
+    for k in unique replay; do
+        n=${c}_$k
+        both=$(ratio "${result[$n]}" "${result[${n}_load]}")
+        line+=" | ${result[${n}_load]} | $(ratio "${result[${n}_load]}" "${result[bare_${k}_load]}") | ${result[${n}_load_p99]} | $both"
+        if awk -v r="$both" 'BEGIN { exit !(r > 1.2 || r < 1 / 1.2) }'; then apart+=("$n: wrk ${result[$n]}, idem-load ${result[${n}_load]} req/s ($both)"); fi
+    done
+    echo "$line |"
+done
+echo
+if [ ${#apart[@]} -gt 0 ]; then
+    echo "targets whose two clients differ by more than 20% (see bench/README.md for the causes):"
+    printf '  %s\n' "${apart[@]}"
+else
+    echo "every target within 20% between the two clients"
+fi
+if $postgres; then
+    echo
+    echo "PostgreSQL floor, the same run (postgres_claim_complete at 64 tasks: claim + complete cycles/s of the store, its SQL by hand, a wide and a plain INSERT + UPDATE):"
+    sed 's/^/  /' <<<"${result[postgres_floor]}"
+fi
+if $redb; then
+    echo
+    echo "redb floor, the same run (redb_claim_complete at 64 tasks: claim + complete cycles/s of the store, and plain redb insert + update):"
+    sed 's/^/  /' <<<"${result[redb_floor]}"
+fi

@@ -109,6 +109,12 @@ impl Claim {
 
     /// Gives the key back so a retry runs the handler again.
     pub(crate) async fn release(&mut self, kind: &'static str) {
+        // Boxed, as is [`Claim::retry_complete`]: a path off the common one keeps its state
+        // out of the futures of every request, which are moved around whole.
+        Box::pin(self.release_boxed(kind)).await;
+    }
+
+    async fn release_boxed(&mut self, kind: &'static str) {
         self.settle();
         metrics::failure(kind);
         let config = &self.shared.config;
@@ -212,6 +218,10 @@ impl Claim {
     /// it, refuses it (the lease was lost), or the lease has ended: after that, another
     /// attempt may hold the key, and this one's completion would be refused anyway.
     pub(crate) async fn retry_complete(&mut self, encoded: Bytes) {
+        Box::pin(self.retry_complete_boxed(encoded)).await;
+    }
+
+    async fn retry_complete_boxed(&mut self, encoded: Bytes) {
         let config = &self.shared.config;
         let store = &self.shared.store;
         let lease = self.keeper.lease().clone();

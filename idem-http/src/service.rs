@@ -287,7 +287,8 @@ async fn process<S, ReqBody, ResBody>(
                             shared: shared.clone(),
                             reply: Some(reply),
                         };
-                        run_unrecorded(inner, parts, bytes, reply).await;
+                        // Boxed: fail-open is off the common path (see drive).
+                        Box::pin(run_unrecorded(inner, parts, bytes, reply)).await;
                         return;
                     }
                 }
@@ -520,7 +521,12 @@ async fn drive<S, ReqBody, ResBody>(
         let sized = hint.exact().is_some();
         answer_whole(claim, &shared, parts, early, sized, reply).await;
     } else {
-        answer_streamed(claim, &shared, parts, early, body, hint, reply).await;
+        // Boxed: its state (the channel, the capture, the frame held) is most of this future's
+        // size, and a response that goes out whole would otherwise move it around for nothing.
+        Box::pin(answer_streamed(
+            claim, &shared, parts, early, body, hint, reply,
+        ))
+        .await;
     }
 }
 

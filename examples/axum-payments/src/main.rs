@@ -23,6 +23,7 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use axum::{Json, Router};
 use idem_http::{Config, IdempotencyContext, IdempotencyLayer};
 use serde::{Deserialize, Serialize};
@@ -245,6 +246,10 @@ async fn run() -> Result<(), String> {
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     let address = listener.local_addr().map_err(|e| e.to_string())?;
     println!("payments API on http://{address} (store: {store})");
+    // As a production server does (the layer's answers leave in one write either way).
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, app).await.map_err(|e| e.to_string())
 }
 

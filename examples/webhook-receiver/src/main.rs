@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use idem_store_memory::MemoryStore;
 use idem_worker::JobGuard;
 use webhook_receiver::{Config, app, processor};
@@ -36,6 +37,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
     let listener = tokio::net::TcpListener::bind(&listen).await?;
     println!("webhook receiver on http://{}", listener.local_addr()?);
+    // As a production server does (the guard's answers do not depend on it).
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, app(guard, Config::default(), process))
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;

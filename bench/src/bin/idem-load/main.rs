@@ -1,4 +1,5 @@
-//! `idem-load`: the load generator of `bench/faults.sh` and `bench/soak.sh`.
+//! `idem-load`: the load generator of `bench/faults.sh` and `bench/soak.sh`, and the second
+//! client of `bench/http.sh` and `bench/gateway.sh`.
 //!
 //! wrk counts statuses but cannot say which request got which one, and these scripts need
 //! exactly that: which keys were answered 503 while the store was down, whether a retry of a
@@ -13,8 +14,12 @@
 //! idem-load soak   --addr HOST:PORT --fixture HOST:PORT --pid PID --duration 10m
 //!                  [--connections 32] [--conflict-workers 4] [--sample 5s] [--warmup 20]
 //!                  [--large-bytes 65536] [--max-growth 10]
+//! idem-load rate   --addr HOST:PORT [--mode unique|replay] [--connections 64] [--duration 10s]
+//!                  [--warmup 2s] [--path /echo]
 //! ```
 //!
+//! `rate` is the second client of `bench/http.sh` and `bench/gateway.sh`, beside wrk: it
+//! prints requests per second, the p99 latency in ms and the count of non-2xx answers.
 //! `unique` and `check` make the fault-injection run (bench/faults.sh kills the store between
 //! them), `soak` the mixed-load run. Each prints its figures on stdout and exits 1 when a check
 //! fails, 2 on a usage error.
@@ -22,6 +27,7 @@
 mod args;
 mod client;
 mod faults;
+mod rate;
 mod soak;
 
 use std::process::ExitCode;
@@ -48,6 +54,7 @@ fn main() -> ExitCode {
             "unique" => faults::unique(&args).await,
             "check" => faults::check(&args).await,
             "soak" => soak::soak(&args).await,
+            "rate" => rate::rate(&args).await,
             other => Err(args::Failure::Usage(format!("unknown command {other:?}"))),
         }
     });
@@ -63,7 +70,7 @@ fn main() -> ExitCode {
 
 fn usage(error: &str) -> ExitCode {
     eprintln!(
-        "idem-load: {error}\nusage: idem-load unique|check|soak --name value ... (see the source's header)"
+        "idem-load: {error}\nusage: idem-load unique|check|soak|rate --name value ... (see the source's header)"
     );
     ExitCode::from(2)
 }
