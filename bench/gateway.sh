@@ -146,14 +146,6 @@ measure() {
     echo "$rps $(to_ms "$p99") ${errors:-0} $cpu"
 }
 
-# load_rate <addr> <script>: idem-load rate in the mode of the wrk script; "<req/s> <p99 ms>".
-load_rate() {
-    local mode=unique
-    [ "$2" = replay.lua ] && mode=replay
-    "$idem_load" rate --addr "$1" --mode "$mode" --connections "$CONNECTIONS" \
-        --duration "$DURATION" --warmup 1s | awk '{ print $1, $2 }'
-}
-
 declare -A rps p99 errs cpu lrps lp99
 targets=(direct nginx hyper plain memory full layer floor)
 addr_direct=$upstream
@@ -173,7 +165,7 @@ for target in "${targets[@]}"; do
         p99[$target,$script]=$p
         errs[$target,$script]=$e
         cpu[$target,$script]=$c
-        read -r r p <<<"$(load_rate "${!addr_var}" "$script")"
+        read -r r p <<<"$(load_rate "$idem_load" "${!addr_var}" "$script" "$CONNECTIONS" "$DURATION")"
         lrps[$target,$script]=$r
         lp99[$target,$script]=$p
     done
@@ -216,19 +208,13 @@ for target in "${targets[@]}"; do
     for script in unique-keys.lua replay.lua; do
         both=$(ratio "${rps[$target,$script]}" "${lrps[$target,$script]}")
         line+=" | ${lrps[$target,$script]} | $(ratio "${lrps[$target,$script]}" "${lrps[nginx,$script]}") | ${lp99[$target,$script]} | $both"
-        if awk -v r="$both" 'BEGIN { exit !(r > 1.2 || r < 1 / 1.2) }'; then
+        if clients_apart "${rps[$target,$script]}" "${lrps[$target,$script]}"; then
             apart+=("$target $script: wrk ${rps[$target,$script]}, idem-load ${lrps[$target,$script]} req/s ($both)")
         fi
     done
     echo "$line |"
 done
-echo
-if [ ${#apart[@]} -gt 0 ]; then
-    echo "targets whose two clients differ by more than 20% (see bench/README.md for the causes):"
-    printf '  %s\n' "${apart[@]}"
-else
-    echo "every target within 20% between the two clients"
-fi
+report_apart "${apart[@]}"
 echo
 echo "CPU time per request of each process (user + system, from /proc; the upstream's own for \"upstream direct\"), unique keys:"
 echo

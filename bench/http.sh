@@ -108,15 +108,6 @@ redis_cpu() {
         | awk -F: '/^used_cpu_(user|sys):/ { s += $2 } END { printf "%.6f", s }'
 }
 
-# load_rate <script>: idem-load rate against $addr, in the mode of the wrk script;
-# prints "<requests per second> <p99 ms>".
-load_rate() {
-    local mode=unique
-    [ "$1" = replay.lua ] && mode=replay
-    "$idem_load" rate --addr "$addr" --mode "$mode" --connections "$CONNECTIONS" \
-        --duration "$DURATION" --warmup 1s | awk '{ print $1, $2 }'
-}
-
 declare -A result
 run_case() { # run_case <name> <script> <fixture args...>
     local name=$1 script=$2 before
@@ -131,7 +122,8 @@ run_case() { # run_case <name> <script> <fixture args...>
         result[${name}_server]=$(awk -v b="$before" -v a="$(redis_cpu)" -v rps="${result[$name]}" \
             -v d="${DURATION%s}" 'BEGIN { printf "%.1f", (a - b) * 1e6 / (rps * d) }') ;;
     esac
-    read -r result[${name}_load] result[${name}_load_p99] <<<"$(load_rate "$script")"
+    read -r result[${name}_load] result[${name}_load_p99] \
+        <<<"$(load_rate "$idem_load" "$addr" "$script" "$CONNECTIONS" "$DURATION")"
     cleanup
     pid=""
 }
@@ -269,17 +261,13 @@ for c in "${cases[@]}"; do
         n=${c}_$k
         both=$(ratio "${result[$n]}" "${result[${n}_load]}")
         line+=" | ${result[${n}_load]} | $(ratio "${result[${n}_load]}" "${result[bare_${k}_load]}") | ${result[${n}_load_p99]} | $both"
-        if awk -v r="$both" 'BEGIN { exit !(r > 1.2 || r < 1 / 1.2) }'; then apart+=("$n: wrk ${result[$n]}, idem-load ${result[${n}_load]} req/s ($both)"); fi
+        if clients_apart "${result[$n]}" "${result[${n}_load]}"; then
+            apart+=("$n: wrk ${result[$n]}, idem-load ${result[${n}_load]} req/s ($both)")
+        fi
     done
     echo "$line |"
 done
-echo
-if [ ${#apart[@]} -gt 0 ]; then
-    echo "targets whose two clients differ by more than 20% (see bench/README.md for the causes):"
-    printf '  %s\n' "${apart[@]}"
-else
-    echo "every target within 20% between the two clients"
-fi
+report_apart "${apart[@]}"
 if $postgres; then
     echo
     echo "PostgreSQL floor, the same run (postgres_claim_complete at 64 tasks: claim + complete cycles/s of the store, its SQL by hand, a wide and a plain INSERT + UPDATE):"

@@ -121,3 +121,28 @@ http {
 }
 EOF
 }
+
+# load_rate <idem-load> <addr> <wrk script> <connections> <duration>: idem-load rate, the second
+# client, in the mode of the wrk script; prints "<requests per second> <p99 ms>".
+load_rate() {
+    local mode=unique
+    [ "$3" = replay.lua ] && mode=replay
+    "$1" rate --addr "$2" --mode "$mode" --connections "$4" --duration "$5" --warmup 1s \
+        | awk '{ print $1, $2 }'
+}
+
+# clients_apart <wrk req/s> <idem-load req/s>: succeeds if the two differ by more than 20%.
+clients_apart() {
+    awk -v a="$1" -v b="$2" 'BEGIN { r = b > 0 ? a / b : 0; exit !(r > 1.2 || r < 1 / 1.2) }'
+}
+
+# report_apart <line>...: the targets whose two clients differ by more than 20%, or that none do.
+report_apart() {
+    echo
+    if [ $# -gt 0 ]; then
+        echo "targets whose two clients differ by more than 20% (see bench/README.md for the causes):"
+        printf '  %s\n' "$@"
+    else
+        echo "every target within 20% between the two clients"
+    fi
+}
