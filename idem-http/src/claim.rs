@@ -27,9 +27,10 @@ pub(crate) struct Claim {
     shared: Arc<Shared>,
     keeper: LeaseKeeper,
     /// The heartbeat, polled alongside the handler ([`Claim::beating`]). A handler that has to
-    /// wait registers with the layer's [`BeatTimer`](idem_lease::BeatTimer) until its first
-    /// beat is due, and only then makes its heartbeat (which keeps a timer of its own): a
-    /// handler that answers before that, as most do, costs no timer and no allocation.
+    /// wait registers with the layer's [`BeatTimer`](idem_lease::BeatTimer) until shortly
+    /// before its first beat, and only then makes its heartbeat (which keeps a timer of its
+    /// own, and beats at the same instants as from the claim on): a handler that answers before
+    /// that, as most do, costs no timer and no allocation.
     heartbeat: Beat,
     /// When the key was claimed: how long it was held counts in the layer's recent durations.
     claimed_at: Instant,
@@ -78,15 +79,19 @@ impl Claim {
             if let Poll::Ready(output) = future.as_mut().poll(cx) {
                 return Poll::Ready(output);
             }
+            let first = || idem_lease::saturating_deadline(*claimed_at, shared.config.heartbeat);
             if let Beat::Idle = beat {
-                let first = idem_lease::saturating_deadline(*claimed_at, shared.config.heartbeat);
-                *beat = Beat::Waiting(shared.beats.register(first, cx));
+                // Woken at most one period after this, so before the first beat is due.
+                let wake = first()
+                    .checked_sub(shared.beats.period())
+                    .unwrap_or(*claimed_at);
+                *beat = Beat::Waiting(shared.beats.register(wake, cx));
             }
             if let Beat::Waiting(due) = beat {
                 if due.poll_due(cx).is_pending() {
                     return Poll::Pending;
                 }
-                *beat = Beat::Running(Box::pin(keeper.heartbeat_now()));
+                *beat = Beat::Running(Box::pin(keeper.heartbeat_at(first())));
             }
             if let Beat::Running(running) = beat {
                 if running.as_mut().poll(cx).is_ready() {

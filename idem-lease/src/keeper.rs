@@ -307,16 +307,13 @@ impl LeaseKeeper {
     /// [`LeaseKeeper`]). Poll it alongside the work, or spawn it and abort it when the work
     /// is done.
     pub fn heartbeat(&self) -> impl Future<Output = ()> + Send + 'static {
-        self.heartbeat_from(saturating_deadline(Instant::now(), self.config.heartbeat))
+        self.heartbeat_at(saturating_deadline(Instant::now(), self.config.heartbeat))
     }
 
-    /// [`LeaseKeeper::heartbeat`], whose first beat goes at once: for a holder that waited for
-    /// its first beat to be due without a timer of its own ([`crate::BeatTimer`]).
-    pub fn heartbeat_now(&self) -> impl Future<Output = ()> + Send + 'static {
-        self.heartbeat_from(Instant::now())
-    }
-
-    fn heartbeat_from(&self, first: Instant) -> impl Future<Output = ()> + Send + 'static {
+    /// [`LeaseKeeper::heartbeat`], whose first beat goes at `first` (then every interval): for
+    /// a holder that waited without a timer of its own until shortly before its first beat
+    /// ([`crate::BeatTimer`]).
+    pub fn heartbeat_at(&self, first: Instant) -> impl Future<Output = ()> + Send + 'static {
         heartbeat(
             self.store.clone(),
             self.config.clone(),

@@ -9,7 +9,7 @@
 //!   once; a heartbeat that fails with a retryable error (the store is down or slow) is tried
 //!   again until the lease ends, and if none succeeded by then the lease is lost. A loss counts
 //!   once in `idem_lease_losses_total`, fires [`LeaseKeeper::lost`] and stops the heartbeat.
-//! - [`BeatTimer`] wakes many holders when their first heartbeat is due, from one task, so
+//! - [`BeatTimer`] wakes many holders shortly before their first heartbeat, from one task, so
 //!   that work which ends before its first beat (most of it) arms no timer of its own.
 //! - [`Metered`] wraps a [`Store`](idem_core::Store) and times every operation into
 //!   `idem_store_operation_seconds{store, op}` and counts its errors into

@@ -3,11 +3,13 @@
 //! Most work under a lease ends long before its first heartbeat is due (a request answered in
 //! milliseconds, under a heartbeat of seconds). Arming a timer of its own for each one (a
 //! timer-wheel entry, the future that sleeps on it, and its removal) costs more than the rest
-//! of what waiting adds to the work. Instead, each holder registers its due instant and its
-//! waker in one slot table; one task per [`BeatTimer`] wakes, every period, the holders whose
-//! instant has passed, and runs only while some holder is registered. A holder woken so starts
-//! its own heartbeat ([`crate::LeaseKeeper::heartbeat_now`]); the first beat comes at most one
-//! period late, which is why the period is a fraction of the heartbeat interval.
+//! of what waiting adds to the work. Instead, each holder registers an instant and its waker in
+//! one slot table; one task per [`BeatTimer`] wakes, every period, the holders whose instant has
+//! passed, and runs only while some holder is registered. A holder is woken at most one period
+//! after its instant, so it registers one period before its first beat
+//! ([`BeatTimer::period`]) and, woken, starts its heartbeat for the beat's own instant
+//! ([`crate::LeaseKeeper::heartbeat_at`]): its beats come exactly when they would with a timer
+//! of its own, and only the work that runs that long pays for one.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
@@ -82,11 +84,17 @@ impl BeatTimer {
         }
     }
 
-    /// The timer for heartbeats every `interval`: it looks every quarter of it, so the first
-    /// beat comes at most a quarter interval late.
+    /// The timer for heartbeats every `interval`: it looks every quarter of it.
     #[must_use]
     pub fn for_heartbeat(interval: Duration) -> Self {
         BeatTimer::new(interval / 4)
+    }
+
+    /// How often it looks for due holders: a holder is woken at most this long after its
+    /// instant.
+    #[must_use]
+    pub fn period(&self) -> Duration {
+        self.shared.period
     }
 
     /// Registers a holder due at `due`, woken through `cx`'s waker once it is. Dropping the
