@@ -1,15 +1,4 @@
 //! [`BeatTimer`]: one timer for the first heartbeat of many leases.
-//!
-//! Most work under a lease ends long before its first heartbeat is due (a request answered in
-//! milliseconds, under a heartbeat of seconds). Arming a timer of its own for each one (a
-//! timer-wheel entry, the future that sleeps on it, and its removal) costs more than the rest
-//! of what waiting adds to the work. Instead, each holder registers an instant and its waker in
-//! one slot table; one task per [`BeatTimer`] wakes, every period, the holders whose instant has
-//! passed, and runs only while some holder is registered. A holder is woken at most one period
-//! after its instant, so it registers one period before its first beat
-//! ([`BeatTimer::period`]) and, woken, starts its heartbeat for the beat's own instant
-//! ([`crate::LeaseKeeper::heartbeat_at`]): its beats come exactly when they would with a timer
-//! of its own, and only the work that runs that long pays for one.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
@@ -17,7 +6,18 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// One timer for the first heartbeat of many leases: see the [module docs](self).
+/// One timer for the first heartbeat of many leases.
+///
+/// Most work under a lease ends long before its first heartbeat is due (a request answered in
+/// milliseconds, under a heartbeat of seconds). Arming a timer of its own for each one (a
+/// timer-wheel entry, the future that sleeps on it, and its removal) costs more than the rest
+/// of what waiting adds to the work. Instead, each holder registers an instant and its waker in
+/// one slot table; one task per [`BeatTimer`] wakes, every period, the holders whose instant has
+/// passed, and runs only while some holder is registered. A holder is woken at most one period
+/// after its instant, so it registers one period before its first beat
+/// ([`BeatTimer::period`]) and, woken, starts its heartbeat for the beat's own instant
+/// ([`crate::LeaseKeeper::heartbeat_at`]): its beats come exactly when they would with a timer
+/// of its own, and only the work that runs that long pays for one.
 ///
 /// ```
 /// use std::time::Duration;
