@@ -110,6 +110,37 @@ fn served(
     )
 }
 
+/// The layer (cap `cap`) over a memory store whose completes are held, around a handler whose
+/// body (hinted `hint`) is the data the test sends; the store, its faults, the handler's runs,
+/// the sender and the service. The first request takes the sent body; later ones get an empty
+/// one.
+fn sent_body_with_completes_held(
+    cap: usize,
+    hint: SizeHint,
+) -> (
+    Arc<MemoryStore>,
+    Arc<Faults>,
+    Arc<AtomicU64>,
+    mpsc::UnboundedSender<Bytes>,
+    Served,
+) {
+    let memory = Arc::new(MemoryStore::new());
+    let store = FaultyStore::new(memory.clone());
+    let faults = store.faults.clone();
+    faults.complete_held.store(true, Ordering::SeqCst);
+    let runs = Arc::new(AtomicU64::new(0));
+    let (send, receive) = mpsc::unbounded_channel::<Bytes>();
+    let receive = Arc::new(std::sync::Mutex::new(Some(receive)));
+    let service = served(store, cap, runs.clone(), move || {
+        let data = receive.lock().unwrap().take();
+        HintedBody {
+            body: data.map_or_else(|| TestBody::Ready(VecDeque::new()), TestBody::Sent),
+            hint,
+        }
+    });
+    (memory, faults, runs, send, service)
+}
+
 /// A retry of `key` gets the status and headers with `Idempotency-Replay: omitted` and no body.
 async fn assert_replayed_omitted(service: Served, key: &str) {
     let replay = service.oneshot(post(key)).await.unwrap();
@@ -162,20 +193,8 @@ async fn a_body_complete_at_once_is_stored_before_the_response_is_read() {
 /// until its bound).
 #[tokio::test]
 async fn a_known_length_over_the_cap_streams_at_once_and_is_stored_omitted() {
-    let memory = Arc::new(MemoryStore::new());
-    let store = FaultyStore::new(memory.clone());
-    let faults = store.faults.clone();
-    faults.complete_held.store(true, Ordering::SeqCst);
-    let runs = Arc::new(AtomicU64::new(0));
-    let (send, receive) = mpsc::unbounded_channel::<Bytes>();
-    let receive = Arc::new(std::sync::Mutex::new(Some(receive)));
-    let service = served(store, 64, runs.clone(), move || {
-        let data = receive.lock().unwrap().take();
-        HintedBody {
-            body: data.map_or_else(|| TestBody::Ready(VecDeque::new()), TestBody::Sent),
-            hint: SizeHint::with_exact(400),
-        }
-    });
+    let (memory, faults, runs, send, service) =
+        sent_body_with_completes_held(64, SizeHint::with_exact(400));
     send.send(Bytes::from(vec![b'a'; 100])).unwrap();
     let first = tokio::time::timeout(HANG, service.clone().oneshot(post("big")))
         .await
@@ -335,20 +354,7 @@ async fn a_small_response_leaves_whole_once_its_record_is_settled() {
 /// frame went out at once and the end alone followed the record, a write of its own).
 #[tokio::test]
 async fn a_streamed_body_ends_with_its_last_frame_once_its_record_is_settled() {
-    let memory = Arc::new(MemoryStore::new());
-    let store = FaultyStore::new(memory.clone());
-    let faults = store.faults.clone();
-    faults.complete_held.store(true, Ordering::SeqCst);
-    let runs = Arc::new(AtomicU64::new(0));
-    let (send, receive) = mpsc::unbounded_channel::<Bytes>();
-    let receive = Arc::new(std::sync::Mutex::new(Some(receive)));
-    let service = served(store, MIB, runs.clone(), move || {
-        let data = receive.lock().unwrap().take();
-        HintedBody {
-            body: data.map_or_else(|| TestBody::Ready(VecDeque::new()), TestBody::Sent),
-            hint: SizeHint::new(),
-        }
-    });
+    let (memory, faults, runs, send, service) = sent_body_with_completes_held(MIB, SizeHint::new());
     let first = tokio::time::timeout(HANG, service.clone().oneshot(post("chunks")))
         .await
         .expect("the response came while the handler held back its body")
