@@ -112,18 +112,7 @@ impl<B> ResponseBody<B> {
 
     /// A body held in memory, followed by the handler's trailers if it sent any.
     pub(crate) fn collected(data: Bytes, trailers: Option<HeaderMap>) -> Self {
-        let tail = trailers.map(|trailers| {
-            Box::new(Tail {
-                trailers: Some(trailers),
-                sized: true,
-            })
-        });
-        ResponseBody {
-            kind: Kind::Full {
-                data: (!data.is_empty()).then_some(data),
-                tail,
-            },
-        }
+        ResponseBody::whole(data, trailers, true)
     }
 
     /// A handler's body read whole: `sized` if the handler announced its length (a body it

@@ -182,12 +182,6 @@ impl Due {
         }
         Poll::Pending
     }
-
-    /// When the holder is due.
-    #[must_use]
-    pub fn instant(&self) -> Instant {
-        self.due
-    }
 }
 
 impl Drop for Due {
