@@ -270,6 +270,21 @@ impl Config {
         self.methods.contains(method)
     }
 
+    /// Whether `method` is not covered but a covered method spelled in another case (`post`
+    /// where `POST` is covered): the layer refuses it ([`Rejection::MethodCase`]).
+    ///
+    /// [`Rejection::MethodCase`]: crate::Rejection::MethodCase
+    #[must_use]
+    pub fn covers_in_another_case(&self, method: &Method) -> bool {
+        // The standard methods are all upper case: a method with no lower-case letter is
+        // never another spelling of one.
+        method.as_str().bytes().any(|b| b.is_ascii_lowercase())
+            && self
+                .methods
+                .iter()
+                .any(|covered| covered.as_str().eq_ignore_ascii_case(method.as_str()))
+    }
+
     /// Whether a response with `status` is stored (else the claim is released so a retry runs).
     ///
     /// A status from 600 to 999 (which `http` represents but HTTP does not define) counts as a

@@ -73,6 +73,14 @@ pub enum Rejection {
     },
     /// The key was used with another request (method, path, query or body): 422.
     Mismatch,
+    /// The method is a covered method spelled in another case (`post`, `Post` where `POST` is
+    /// covered): 400. Methods are case-sensitive (RFC 9110 section 9.1), so such a request is
+    /// not the covered method, but an upstream that folds the case would run it as one,
+    /// unprotected; it is refused instead, as nginx refuses a lowercase method.
+    MethodCase {
+        /// The method as the request spelled it.
+        method: http::Method,
+    },
     /// The operation under this key failed permanently (a record written by a worker): 409.
     FailedPermanently,
     /// The store cannot be reached: 503 with `Retry-After`. The handler did not run.
@@ -99,6 +107,7 @@ impl Rejection {
             Rejection::InvalidKey { .. }
             | Rejection::MissingKey { .. }
             | Rejection::InvalidScope
+            | Rejection::MethodCase { .. }
             | Rejection::BodyUnreadable => StatusCode::BAD_REQUEST,
             Rejection::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Rejection::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
@@ -123,6 +132,7 @@ impl Rejection {
             Rejection::BodyTimeout { .. } => "BodyTimeout",
             Rejection::InFlight { .. } => "InFlight",
             Rejection::Mismatch => "Mismatch",
+            Rejection::MethodCase { .. } => "MethodCase",
             Rejection::FailedPermanently => "FailedPermanently",
             Rejection::StoreUnavailable { .. } => "StoreUnavailable",
             Rejection::CorruptRecord => "CorruptRecord",
@@ -143,6 +153,7 @@ impl Rejection {
             Rejection::BodyTimeout { .. } => "Request body too slow",
             Rejection::InFlight { .. } => "Request with this key in progress",
             Rejection::Mismatch => "Idempotency key reused with another request",
+            Rejection::MethodCase { .. } => "Method in another case",
             Rejection::FailedPermanently => "Operation failed permanently",
             Rejection::StoreUnavailable { .. } => "Idempotency store unavailable",
             Rejection::CorruptRecord => "Stored response unreadable",
@@ -187,6 +198,11 @@ impl Rejection {
             Rejection::FailedPermanently => {
                 "the operation under this key failed permanently: use a new key".into()
             }
+            Rejection::MethodCase { method } => format!(
+                "the method {method} is {} in another case: methods are case-sensitive, send it \
+                 in upper case",
+                method.as_str().to_ascii_uppercase()
+            ),
             Rejection::StoreUnavailable { .. } => {
                 "the request was not processed: retry after the delay in Retry-After".into()
             }
@@ -223,6 +239,7 @@ impl Rejection {
             Rejection::InvalidKey { .. }
             | Rejection::MissingKey { .. }
             | Rejection::InvalidScope
+            | Rejection::MethodCase { .. }
             | Rejection::BodyTooLarge { .. }
             | Rejection::BodyUnreadable
             | Rejection::BodyTimeout { .. } => Outcome::Rejected,

@@ -122,6 +122,14 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let config = &self.shared.config;
         if !config.covers(request.method()) {
+            if config.covers_in_another_case(request.method()) {
+                let method = request.method().clone();
+                return ResponseFuture::ready(
+                    self.shared
+                        .metrics
+                        .counted(reject(&self.shared, Rejection::MethodCase { method })),
+                );
+            }
             return ResponseFuture::bypass(self.inner.call(request), self.shared.clone());
         }
         let key = match parse_header(request.headers(), &config.header_name, config.strict) {

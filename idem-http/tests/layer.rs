@@ -718,6 +718,35 @@ async fn covered_methods_are_configurable() {
 }
 
 #[tokio::test]
+async fn a_covered_method_in_another_case_is_refused_never_run() {
+    let app = App::serve(MemoryStore::new(), Config::builder(), |counter| {
+        Router::new().route(
+            "/run",
+            axum::routing::any(move || async move {
+                format!("ran {}", counter.fetch_add(1, Ordering::SeqCst) + 1)
+            }),
+        )
+    })
+    .await;
+    let key = [("idempotency-key", "k")];
+    for spelling in ["post", "Post", "pOST", "patch"] {
+        let method = Method::from_bytes(spelling.as_bytes()).unwrap();
+        let answer = app.send(method, "/run", &key, "").await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{spelling}");
+        assert_eq!(answer.outcome(), "rejected");
+        let body = String::from_utf8_lossy(&answer.body).into_owned();
+        assert!(body.contains("MethodCase") && body.contains(spelling), "{body}");
+    }
+    assert_eq!(app.count(), 0);
+    // The covered spelling runs once; a method no covered one spells passes through.
+    assert_eq!(app.send(Method::POST, "/run", &key, "").await.body, "ran 1");
+    assert_eq!(app.send(Method::POST, "/run", &key, "").await.body, "ran 1");
+    let other = app.send(Method::from_bytes(b"purge").unwrap(), "/run", &[], "").await;
+    assert_eq!(other.outcome(), "bypassed");
+    assert_eq!(app.count(), 2);
+}
+
+#[tokio::test]
 async fn a_handler_error_releases_the_claim() {
     use tower::{Service, ServiceExt, service_fn};
 

@@ -199,6 +199,7 @@ pub fn grpc_code(rejection: &Rejection) -> Code {
         Rejection::InvalidKey { .. }
         | Rejection::MissingKey { .. }
         | Rejection::InvalidScope
+        | Rejection::MethodCase { .. }
         | Rejection::BodyUnreadable => Code::InvalidArgument,
         Rejection::BodyTooLarge { .. } => Code::ResourceExhausted,
         // Another call with this key runs: retry later (the layer adds `retry-after`).
