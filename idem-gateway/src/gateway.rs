@@ -24,8 +24,9 @@ use tower_service::Service;
 use crate::body::{GatewayBody, RequestBody, boxed, full};
 use crate::config::toml::{KeyMode, OnStoreError};
 use crate::config::{Config, GatewayConfigError, RoutePath, RouteSettings, ScopeSpec};
-use crate::normal_path::{NormalPath, PathError};
+use crate::normal_path::{NormalPath, PathError, unambiguous};
 use crate::proxy::{ClientAddr, Proxy, ProxyError, Tracker};
+use crate::request_head::{HeadError, HeadPolicy};
 
 /// The metric names of the gateway, next to the layer's (see `idem_http::metrics`).
 pub(crate) mod metric {
@@ -38,10 +39,22 @@ pub(crate) mod metric {
     pub(crate) const UPSTREAM_ERRORS: &str = "idem_gateway_upstream_errors_total";
     /// Requests the gateway refused before any route, by reason (`host`: a missing, repeated
     /// or malformed `Host`; `above_root`: a path that climbs above `/`; `no_path`: a request
-    /// target without a path), counter.
+    /// target without a path; `ambiguous_path`: a path servers resolve differently;
+    /// `too_many_headers`: an HTTP/2 request over `max_headers`; `transfer_coding`: a coding
+    /// other than chunked), counter.
     pub(crate) const REFUSED: &str = "idem_gateway_refused_total";
+    /// Requests whose body broke while it was sent on (a malformed chunk, a client that
+    /// closed before the announced length), answered 400, counter.
+    pub(crate) const CLIENT_BODY_ERRORS: &str = "idem_gateway_client_body_errors_total";
     /// The reasons of [`REFUSED`], each registered at zero.
-    pub(crate) const REFUSED_REASONS: [&str; 3] = ["host", "above_root", "no_path"];
+    pub(crate) const REFUSED_REASONS: [&str; 6] = [
+        "host",
+        "above_root",
+        "no_path",
+        "ambiguous_path",
+        "too_many_headers",
+        "transfer_coding",
+    ];
 }
 
 /// The idem-http settings of a route.
@@ -139,7 +152,13 @@ pub(crate) struct Gateway {
     routes: Arc<[RouteEntry]>,
     upstream_errors: Arc<[(&'static str, Counter)]>,
     /// Requests refused before any route, by reason ([`metric::REFUSED_REASONS`], in order).
-    refused: Arc<[Counter; 3]>,
+    refused: Arc<[Counter; 6]>,
+    /// `idem_gateway_client_body_errors_total`.
+    client_body_errors: Counter,
+    /// What is checked and cleaned in a request head before it is routed.
+    head: HeadPolicy,
+    /// Whether paths servers resolve differently are forwarded.
+    allow_ambiguous_paths: bool,
 }
 
 /// Why a request was refused before any route: its index in [`metric::REFUSED_REASONS`].
@@ -148,6 +167,9 @@ enum Refused {
     Host = 0,
     AboveRoot = 1,
     NoPath = 2,
+    AmbiguousPath = 3,
+    TooManyHeaders = 4,
+    TransferCoding = 5,
 }
 
 const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
@@ -219,6 +241,12 @@ impl Gateway {
             routes: routes.into(),
             upstream_errors,
             refused: Arc::new(refused),
+            client_body_errors: metrics::counter!(metric::CLIENT_BODY_ERRORS),
+            head: HeadPolicy {
+                max_headers: config.server.max_headers,
+                underscores: config.server.underscores_in_headers,
+            },
+            allow_ambiguous_paths: config.server.allow_ambiguous_paths,
         })
     }
 
@@ -245,6 +273,19 @@ impl Gateway {
         start: Instant,
     ) -> Response<GatewayBody> {
         let (mut parts, body) = request.into_parts();
+        if let Err(err) = self.head.settle(parts.version, &mut parts.headers) {
+            let refused = match err {
+                HeadError::TooManyFields(_) => Refused::TooManyHeaders,
+                HeadError::TransferCoding => Refused::TransferCoding,
+            };
+            self.refused[refused as usize].increment(1);
+            tracing::debug!(method = %parts.method, path = parts.uri.path(), "refused: {err}");
+            return problem_of_type(
+                err.status(),
+                "about:blank",
+                &format!("{err}: the request is not forwarded"),
+            );
+        }
         if let Err(reason) = settle_host(&mut parts) {
             self.refused[Refused::Host as usize].increment(1);
             tracing::debug!(method = %parts.method, path = parts.uri.path(), "refused: {reason}");
@@ -259,10 +300,19 @@ impl Gateway {
         // The route is chosen by the normal form of the path, so that no other spelling of a
         // path (`//payments`, `/x/../payments`, `/%70ayments`) escapes the route that covers
         // it; the request itself goes on as it came.
-        let route = match NormalPath::new(request.uri().path()) {
+        let path = request.uri().path();
+        let checked = if self.allow_ambiguous_paths {
+            Ok(())
+        } else {
+            unambiguous(path)
+        };
+        let route = match checked.and_then(|()| NormalPath::new(path)) {
             Ok(path) => self.routes.iter().find(|r| r.path.matches(&path)),
             Err(err) => {
                 let (status, variant, refused) = match err {
+                    PathError::Ambiguous(_) => {
+                        (StatusCode::BAD_REQUEST, "Ambiguous", Refused::AmbiguousPath)
+                    }
                     PathError::AboveRoot => {
                         (StatusCode::BAD_REQUEST, "AboveRoot", Refused::AboveRoot)
                     }
@@ -304,6 +354,11 @@ impl Gateway {
         };
         let response = match result {
             Ok(response) => response,
+            Err(err @ ProxyError::ClientBody { .. }) => {
+                self.client_body_errors.increment(1);
+                tracing::debug!(route = %route.name, %method, path = uri.path(), error = %crate::proxy::error_chain(&err), "the client's body broke off; the key, if any, is released");
+                proxy_error_response(&err)
+            }
             Err(err) => {
                 if let Some((_, counter)) =
                     self.upstream_errors.iter().find(|(k, _)| *k == err.kind())

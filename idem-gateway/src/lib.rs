@@ -60,6 +60,7 @@ mod normal_path;
 mod pool;
 mod proxy;
 mod records;
+mod request_head;
 mod server;
 mod store;
 mod telemetry;

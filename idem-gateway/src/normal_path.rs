@@ -33,6 +33,78 @@ pub(crate) enum PathError {
     /// A `..` segment climbs above the root (`/../x`, `/a/../../x`, `/%2E%2E/x`).
     #[error("a .. segment of the path climbs above the root")]
     AboveRoot,
+    /// The path is spelled in a way upstreams resolve differently ([`unambiguous`]).
+    #[error("the path has {0}, which servers resolve differently")]
+    Ambiguous(Ambiguity),
+}
+
+/// A spelling of a path that servers behind the gateway may resolve to another path than its
+/// normal form: Tomcat and Spring drop the `;` parameters of a segment before they resolve
+/// `/x/..;/payments` (to `/payments`), Windows and some frameworks take `\` for `/`, some
+/// decode `%2F` before routing, a C string ends at `%00`, and an encoded dot is decoded before
+/// or after dot segments are resolved, depending on the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Ambiguity {
+    /// A `\`.
+    #[error("a backslash")]
+    Backslash,
+    /// `%5C`.
+    #[error("an encoded backslash (%5C)")]
+    EncodedBackslash,
+    /// `%2F`.
+    #[error("an encoded slash (%2F)")]
+    EncodedSlash,
+    /// `%2E`.
+    #[error("an encoded dot (%2E)")]
+    EncodedDot,
+    /// `%00`.
+    #[error("an encoded NUL (%00)")]
+    Nul,
+    /// A `.` or `..` segment with `;` parameters (`..;`, `.;x=1`).
+    #[error("a dot segment with ; parameters")]
+    DotParameters,
+}
+
+/// Checks that `path` has no spelling that servers resolve differently ([`Ambiguity`]): the
+/// gateway refuses those (unless `[server] allow_ambiguous_paths` says otherwise), since a
+/// route chosen by the normal form could then cover another path than the upstream serves.
+/// Most paths have neither `%`, `\` nor `;`, and are checked in one pass over their bytes.
+///
+/// # Errors
+/// [`PathError::Ambiguous`], naming the first ambiguity found.
+pub(crate) fn unambiguous(path: &str) -> Result<(), PathError> {
+    let bytes = path.as_bytes();
+    if !bytes.iter().any(|b| matches!(b, b'%' | b'\\' | b';')) {
+        return Ok(());
+    }
+    let ambiguity = |found| Err(PathError::Ambiguous(found));
+    for (at, byte) in bytes.iter().enumerate() {
+        match byte {
+            b'\\' => return ambiguity(Ambiguity::Backslash),
+            b'%' => {
+                let hi = bytes.get(at + 1).copied().and_then(hex_value);
+                let lo = bytes.get(at + 2).copied().and_then(hex_value);
+                if let (Some(hi), Some(lo)) = (hi, lo) {
+                    match (hi << 4) | lo {
+                        b'\\' => return ambiguity(Ambiguity::EncodedBackslash),
+                        b'/' => return ambiguity(Ambiguity::EncodedSlash),
+                        b'.' => return ambiguity(Ambiguity::EncodedDot),
+                        0 => return ambiguity(Ambiguity::Nul),
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    for segment in path.split('/') {
+        if let Some((name, _parameters)) = segment.split_once(';') {
+            if matches!(name, "." | "..") {
+                return ambiguity(Ambiguity::DotParameters);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A path in normal form (see the [module](self)). Borrows the path when it is normal already,
@@ -282,6 +354,42 @@ mod tests {
         assert_eq!(NormalPath::new("/a/b").unwrap().for_matching(), "/a/b");
     }
 
+    #[test]
+    fn spellings_servers_resolve_differently_are_ambiguous() {
+        for (path, found) in [
+            ("/x/..;/payments", Ambiguity::DotParameters),
+            ("/x/.;a=1/payments", Ambiguity::DotParameters),
+            ("/\\payments", Ambiguity::Backslash),
+            ("/payments\\", Ambiguity::Backslash),
+            ("/payments%5C", Ambiguity::EncodedBackslash),
+            ("/payments%5c", Ambiguity::EncodedBackslash),
+            ("/payments%00", Ambiguity::Nul),
+            ("/payments%2E", Ambiguity::EncodedDot),
+            ("/x/%2e%2e/payments", Ambiguity::EncodedDot),
+            ("/%2Fpayments", Ambiguity::EncodedSlash),
+            ("/a%2fb", Ambiguity::EncodedSlash),
+        ] {
+            assert_eq!(
+                unambiguous(path),
+                Err(PathError::Ambiguous(found)),
+                "{path}"
+            );
+        }
+        for path in [
+            "/payments",
+            "/payments;v=1",
+            "/a;b/c",
+            "/..a;/b",
+            "/%70ayments",
+            "/a%20b",
+            "/100%",
+            "/%zz",
+            "/x/../payments",
+        ] {
+            assert_eq!(unambiguous(path), Ok(()), "{path}");
+        }
+    }
+
     /// Paths made of the pieces that normalisation is about.
     fn tricky_path() -> impl Strategy<Value = String> {
         let piece = prop_oneof![
@@ -319,6 +427,11 @@ mod tests {
                     prop_assert!(normal.as_str().bytes().all(|b| (0x21..=0x7e).contains(&b)));
                 }
             }
+        }
+
+        #[test]
+        fn the_ambiguity_check_never_panics(path in any::<String>()) {
+            let _ = unambiguous(&path);
         }
 
         #[test]

@@ -55,12 +55,23 @@ pub(crate) struct UpstreamBody {
     /// The connection, until the body has ended (then it goes back to the pool) or is dropped
     /// (then it is closed: the rest of the response is never read).
     conn: Option<Sender>,
+    /// The limit of a pause in the body (`body_idle_timeout`): armed when a poll finds no
+    /// frame ready, disarmed by the next frame. Made at the first pause only: a body that is
+    /// all ready arms no timer.
+    idle: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Whether `idle` runs for the current pause.
+    idle_armed: bool,
     shared: Arc<ProxyShared>,
 }
 
+/// The upstream paused its response body for longer than `body_idle_timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error("the upstream sent nothing of its response body for {}", humantime::format_duration(*.0))]
+pub(crate) struct BodyIdle(Duration);
+
 impl UpstreamBody {
     /// Counts and logs a body error.
-    fn broke(&self, error: &hyper::Error) {
+    fn broke(&self, error: &(dyn std::error::Error + 'static)) {
         self.shared.body_errors.increment(1);
         let failure = ProxyError::Failed {
             upstream: self.shared.name.clone(),
@@ -72,19 +83,40 @@ impl UpstreamBody {
     /// Reads the first frame (or the end) ahead, so that an upstream whose body breaks before
     /// its first byte gets the client a 502 rather than a head with nothing after it. The error
     /// is returned, neither counted nor logged: the caller answers it as a [`ProxyError`].
-    async fn read_first(&mut self) -> Result<(), hyper::Error> {
+    async fn read_first(&mut self) -> Result<(), BoxError> {
         if !self.body.is_end_stream() {
             match self.body.frame().await {
                 Some(Ok(frame)) => self.first = Some(frame),
                 Some(Err(error)) => {
                     self.conn = None;
-                    return Err(error);
+                    return Err(error.into());
                 }
                 None => self.ended = true,
             }
         }
         self.give_back_at_end();
         Ok(())
+    }
+
+    /// A pause in the body: pending until `body_idle_timeout` passes with no frame, then the
+    /// body breaks off (counted and logged as any broken body; the connection is closed).
+    fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let after = self.shared.upstream.body_idle_timeout;
+        let until = deadline(Instant::now(), after);
+        let idle = self
+            .idle
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
+        if !self.idle_armed {
+            idle.as_mut().reset(until);
+            self.idle_armed = true;
+        }
+        if idle.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.conn = None;
+        let error = BodyIdle(after);
+        self.broke(&error);
+        Poll::Ready(Some(Err(error.into())))
     }
 
     /// Gives the connection back to the pool once the upstream's response has ended (hyper's
@@ -100,12 +132,12 @@ impl UpstreamBody {
 
 impl Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         if let Some(frame) = this.first.take() {
             return Poll::Ready(Some(Ok(frame)));
@@ -124,9 +156,10 @@ impl Body for UpstreamBody {
                 this.give_back_at_end();
             }
             Poll::Ready(Some(Ok(_))) => this.give_back_at_end(),
-            Poll::Pending => {}
+            Poll::Pending => return this.poll_idle(cx),
         }
-        polled
+        this.idle_armed = false;
+        polled.map_err(Into::into)
     }
 
     fn is_end_stream(&self) -> bool {
@@ -163,6 +196,18 @@ pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
         current = err.source();
     }
     text
+}
+
+/// Whether the client error `err` of an exchange is the client's request body that failed
+/// (hyper reports a body stream's error as a "user" error whose source is the body's own
+/// error: here the server's parse of the client's body), not the upstream.
+fn client_body_failed(err: &hyper::Error) -> bool {
+    err.is_user()
+        && std::error::Error::source(err).is_some_and(|source| {
+            source
+                .downcast_ref::<hyper::Error>()
+                .is_some_and(|inner| !inner.is_user())
+        })
 }
 
 /// Why the upstream gave no response.
@@ -213,6 +258,14 @@ pub(crate) enum ProxyError {
     /// The gateway is shutting down and its grace period is over: 503.
     #[error("the gateway is shutting down")]
     ShuttingDown,
+    /// The client's request body broke while it was sent on (a malformed chunk, a connection
+    /// closed before the announced length): the client's fault, not the upstream's: 400.
+    #[error("the client's request body broke off: {source}")]
+    ClientBody {
+        /// The underlying error.
+        #[source]
+        source: BoxError,
+    },
 }
 
 impl ProxyError {
@@ -227,6 +280,7 @@ impl ProxyError {
                 StatusCode::GATEWAY_TIMEOUT
             }
             ProxyError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -240,6 +294,7 @@ impl ProxyError {
             // A malformed exchange, as far as the gateway is concerned.
             ProxyError::Failed { .. } | ProxyError::SwitchedProtocols { .. } => "failed",
             ProxyError::ShuttingDown => "shutting_down",
+            ProxyError::ClientBody { .. } => "client_body",
         }
     }
 
@@ -265,6 +320,9 @@ impl ProxyError {
             ProxyError::ShuttingDown => {
                 "the gateway is shutting down: retry after the delay in Retry-After".to_owned()
             }
+            ProxyError::ClientBody { .. } => {
+                "the request body is malformed or ended before it was complete".to_owned()
+            }
         }
     }
 
@@ -278,6 +336,7 @@ impl ProxyError {
             ProxyError::Failed { .. } => "Failed",
             ProxyError::SwitchedProtocols { .. } => "SwitchedProtocols",
             ProxyError::ShuttingDown => "ShuttingDown",
+            ProxyError::ClientBody { .. } => "ClientBody",
         }
     }
 }
@@ -406,14 +465,39 @@ static PROXY_ONLY: [HeaderName; 2] = [header::PROXY_AUTHORIZATION, header::PROXY
 /// announces the message's trailers end to end, but names only fields a trailer section may
 /// carry ([`clean_trailer_header`]); the names it keeps are returned.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) -> Vec<HeaderName> {
+    strip_with(headers, &PROXY_ONLY)
+}
+
+/// Headers a request never takes to the upstream, besides the connection fields: the proxy
+/// ones, and the headers only idem sets on its answers (`Idempotent-Replayed`,
+/// `Idempotency-Replay`, `Idempotency-Status`), which an upstream might otherwise take for the
+/// gateway's word.
+static REQUEST_ONLY: [HeaderName; 5] = [
+    header::PROXY_AUTHORIZATION,
+    header::PROXY_AUTHENTICATE,
+    HeaderName::from_static("idempotent-replayed"),
+    HeaderName::from_static("idempotency-replay"),
+    HeaderName::from_static("idempotency-status"),
+];
+
+/// [`strip_hop_by_hop`] for a request: the idem answer headers go too ([`REQUEST_ONLY`]), in
+/// the same walk over the fields.
+fn strip_request_hop_by_hop(headers: &mut HeaderMap) -> Vec<HeaderName> {
+    strip_with(headers, &REQUEST_ONLY)
+}
+
+/// Removes the connection fields and `extra`, and cleans `Trailer`; returns the trailers it
+/// announces.
+fn strip_with(headers: &mut HeaderMap, extra: &[HeaderName]) -> Vec<HeaderName> {
     let announced = clean_trailer_header(headers);
-    remove_connection_fields(headers, &PROXY_ONLY);
+    remove_connection_fields(headers, extra);
     announced
 }
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
 /// Asks for a chunked body where the client sent a body of no declared length. hyper's client
 /// adds `Transfer-Encoding: chunked` itself for such a body, except on a GET, HEAD or CONNECT,
@@ -433,9 +517,11 @@ fn keep_unsized_body(request: &mut Request<RequestBody>) {
 }
 
 /// Sets `X-Forwarded-For` (the field lines the client sent, joined into one, and the client's
-/// address appended), `X-Forwarded-Proto` (`http`) and `X-Forwarded-Host` (the `Host` the
-/// client asked for), and keeps `Host` (from the URI's authority for an HTTP/2 request, which
-/// has none).
+/// address appended), `X-Forwarded-Proto` (`http`), `X-Forwarded-Host` (the `Host` the client
+/// asked for) and `X-Real-IP` (the client's address: a client's own is replaced), appends the
+/// gateway's element to a `Forwarded` the client sent (RFC 7239: `for`, `host` and `proto`, so
+/// the last element is always the gateway's), and keeps `Host` (from the URI's authority for
+/// an HTTP/2 request, which has none).
 fn forwarded_headers(request: &mut Request<RequestBody>) {
     let client = request.extensions().get::<ClientAddr>().copied();
     if !request.headers().contains_key(header::HOST) {
@@ -464,10 +550,52 @@ fn forwarded_headers(request: &mut Request<RequestBody>) {
         if let Some(value) = value {
             headers.insert(X_FORWARDED_FOR, value);
         }
+        headers.insert(X_REAL_IP, address_value(addr.ip()));
+    } else {
+        headers.remove(X_REAL_IP);
     }
     headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
-    if let Some(host) = headers.get(header::HOST).cloned() {
+    let host = headers.get(header::HOST).cloned();
+    if headers.contains_key(header::FORWARDED) {
+        append_forwarded(headers, client, host.as_ref());
+    }
+    if let Some(host) = host {
         headers.insert(X_FORWARDED_HOST, host);
+    }
+}
+
+/// Joins the `Forwarded` field lines a client sent into one and appends the gateway's element
+/// (`for="ADDR";host="HOST";proto=http`; quoted, as an IPv6 address and a port need).
+fn append_forwarded(
+    headers: &mut HeaderMap,
+    client: Option<ClientAddr>,
+    host: Option<&HeaderValue>,
+) {
+    let mut value = String::new();
+    for earlier in headers.get_all(header::FORWARDED) {
+        if let Ok(earlier) = earlier.to_str() {
+            value.push_str(earlier);
+            value.push_str(", ");
+        }
+    }
+    match client.map(|ClientAddr(addr)| addr.ip()) {
+        Some(IpAddr::V6(ip)) => value.push_str(&format!("for=\"[{ip}]\"")),
+        Some(IpAddr::V4(ip)) => value.push_str(&format!("for=\"{ip}\"")),
+        None => value.push_str("for=unknown"),
+    }
+    if let Some(host) = host.and_then(|host| host.to_str().ok()) {
+        // A Host was checked to be a host and an optional port: no quote or backslash in it.
+        value.push_str(&format!(";host=\"{host}\""));
+    }
+    value.push_str(";proto=http");
+    match HeaderValue::from_str(&value) {
+        Ok(value) => {
+            headers.insert(header::FORWARDED, value);
+        }
+        // A client's value that is not visible ASCII: it is not passed on as it came.
+        Err(_) => {
+            headers.remove(header::FORWARDED);
+        }
     }
 }
 
@@ -568,6 +696,8 @@ impl Proxy {
             first: None,
             ended: false,
             conn: Some(sender),
+            idle: None,
+            idle_armed: false,
             shared: self.shared.clone(),
         };
         let first = tokio::select! {
@@ -580,7 +710,7 @@ impl Proxy {
         if let Err(err) = first {
             return Err(ProxyError::Failed {
                 upstream: shared.name.clone(),
-                source: error_chain(&err).into(),
+                source: error_chain(err.as_ref()).into(),
             });
         }
         Ok(Response::from_parts(parts, body))
@@ -606,9 +736,15 @@ impl Proxy {
                 Err(mut err) => match err.take_message() {
                     Some(unsent) if conn.reused => request = unsent,
                     _ => {
+                        let err = err.into_error();
+                        if client_body_failed(&err) {
+                            return Err(ProxyError::ClientBody {
+                                source: error_chain(&err).into(),
+                            });
+                        }
                         return Err(ProxyError::Failed {
                             upstream: self.shared.name.clone(),
-                            source: err.into_error().into(),
+                            source: err.into(),
                         });
                     }
                 },
@@ -622,7 +758,7 @@ impl Proxy {
         let shared = &self.shared;
         // Hop-by-hop headers go first: the forwarded headers the gateway sets are its own, and
         // a client naming them in `Connection` only drops the values it sent.
-        let announced = strip_hop_by_hop(request.headers_mut());
+        let announced = strip_request_hop_by_hop(request.headers_mut());
         forwarded_headers(&mut request);
         shared.upstream.fence.apply(&mut request);
         // The gateway takes trailers, whoever its client is: it passes them on (to an HTTP/2
@@ -745,6 +881,45 @@ mod tests {
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["x-forwarded-host"], "api.example.com");
         assert_eq!(h[header::HOST], "api.example.com");
+        assert_eq!(h["x-real-ip"], "127.0.0.9");
+        assert!(!h.contains_key(header::FORWARDED));
+    }
+
+    #[test]
+    fn a_clients_forwarded_and_x_real_ip_are_not_taken_at_their_word() {
+        let mut request = Request::post("/p")
+            .header(header::HOST, "api.example.com:8080")
+            .header("x-real-ip", "10.9.9.9")
+            .header(header::FORWARDED, "for=10.0.0.1")
+            .header(header::FORWARDED, "for=10.0.0.2;proto=https")
+            .body(RequestBody::from(Bytes::new()))
+            .unwrap();
+        request
+            .extensions_mut()
+            .insert(ClientAddr("[::1]:5000".parse().unwrap()));
+        forwarded_headers(&mut request);
+        let h = request.headers();
+        assert_eq!(h["x-real-ip"], "::1");
+        assert_eq!(h.get_all(header::FORWARDED).iter().count(), 1);
+        assert_eq!(
+            h[header::FORWARDED],
+            "for=10.0.0.1, for=10.0.0.2;proto=https, for=\"[::1]\";host=\"api.example.com:8080\";proto=http"
+        );
+    }
+
+    #[test]
+    fn idem_answer_headers_never_go_upstream_on_a_request() {
+        let mut headers = HeaderMap::new();
+        for name in [
+            "idempotent-replayed",
+            "idempotency-replay",
+            "idempotency-status",
+        ] {
+            headers.insert(name, HeaderValue::from_static("true"));
+        }
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        strip_request_hop_by_hop(&mut headers);
+        assert_eq!(headers.len(), 1);
     }
 
     #[test]

@@ -70,6 +70,10 @@ fn describe_gateway() {
         gateway::REFUSED,
         "Requests the gateway refused before any route (no route's counters see them), by reason"
     );
+    describe_counter!(
+        gateway::CLIENT_BODY_ERRORS,
+        "Requests answered 400 because the client's body broke off while it was sent on"
+    );
 }
 
 /// The memory store's evictions, described and registered at zero for each bound.

@@ -350,16 +350,20 @@ async fn cut_body_upstream() -> (SocketAddr, std::sync::Arc<std::sync::atomic::A
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upstream_that_breaks_off_its_body_is_502_and_releases_the_key() {
+async fn an_upstream_that_breaks_off_its_body_is_cut_off_and_releases_the_key() {
     let (upstream, requests) = cut_body_upstream().await;
     let gateway =
         Gateway::start_with_metrics(&config(upstream, ""), Some(common::metrics_recorder())).await;
     let http = Http::new();
     for attempt in 1..=2 {
-        let cut = http.post_key(&gateway.url("/echo"), "cut-1", "x").await;
-        assert_eq!(cut.status, 502, "{}", cut.text());
-        assert_eq!(cut.header("content-type"), Some("application/problem+json"));
-        assert!(cut.text().contains("#variant.Failed"), "{}", cut.text());
+        // The head and the first bytes were passed on as they came; the client's body is then
+        // cut short, as the upstream's was (a 502 is only for a body that breaks before its
+        // first bytes: e2e_upstream_framing).
+        let headers = [("idempotency-key", "cut-1")];
+        let cut = http
+            .try_send(Method::POST, &gateway.url("/echo"), &headers, "x")
+            .await;
+        assert!(cut.is_err(), "the body was not cut short");
         // The key was released: the retry went to the upstream again.
         assert_eq!(requests.load(std::sync::atomic::Ordering::SeqCst), attempt);
     }
@@ -599,7 +603,6 @@ async fn another_spelling_of_the_path_does_not_bypass_a_required_key() {
         "/x/../echo",
         "/%65cho",
         "/%65%63%68%6F",
-        "/x/%2e%2E/echo",
         "/echo/",
         "//echo//7",
     ] {
@@ -608,14 +611,20 @@ async fn another_spelling_of_the_path_does_not_bypass_a_required_key() {
         assert!(raw.contains("application/problem+json"), "{path}: {raw}");
         assert!(raw.contains("Idempotency key required"), "{path}: {raw}");
     }
+    // An encoded dot segment is refused outright: servers decode it before or after they
+    // resolve dot segments.
+    let raw = raw_exchange(&gateway, &raw_post("/x/%2e%2E/echo", None)).await;
+    assert!(raw.starts_with("HTTP/1.1 400"), "{raw}");
+    assert!(raw.contains("resolve differently"), "{raw}");
     assert_eq!(fixture.count().await, 0);
 }
 
 /// The spellings that escaped a key-required route, through the gateway: `/Echo` escapes a
 /// route that matches case as written (another path, to an upstream that does not fold case)
 /// and not one with `case_insensitive = true` (before, that key was refused as unknown);
-/// `/echo;x`, `/echo.json` and `/echo%2F7` are other paths (another segment) that the glob
-/// `/echo*/**` covers, for an upstream that reads them as `/echo`, as the README says.
+/// `/echo;x` and `/echo.json` are other paths (another segment) that the glob `/echo*/**`
+/// covers, for an upstream that reads them as `/echo`, as the README says (`/echo%2F7` is
+/// refused before any route, unless `allow_ambiguous_paths` is on: then the glob covers it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn case_params_suffixes_and_encoded_slashes_are_covered_by_the_route_that_says_so() {
     /// Whether `gateway` refuses a POST of `path` without a key.
@@ -639,10 +648,17 @@ async fn case_params_suffixes_and_encoded_slashes_are_covered_by_the_route_that_
         assert!(!keyless(&exact, path).await, "{path} is another path");
         assert!(keyless(&folded, path).await, "{path}");
     }
-    for path in ["/echo;x", "/echo.json", "/echo%2F7", "/echo;x/7"] {
+    for path in ["/echo;x", "/echo.json", "/echo;x/7"] {
         assert!(!keyless(&exact, path).await, "{path} is another path");
         assert!(keyless(&wide, path).await, "{path}");
     }
+    let lenient = Gateway::start(&common::config_with_server(
+        fixture.addr,
+        "allow_ambiguous_paths = true",
+        "[[route]]\npath = \"/echo*/**\"\nkey = \"required\"\n",
+    ))
+    .await;
+    assert!(keyless(&lenient, "/echo%2F7").await);
     assert!(keyless(&wide, "/echo").await && keyless(&folded, "/echo/7").await);
 }
 
@@ -656,7 +672,6 @@ async fn a_path_above_the_root_is_400_and_never_forwarded() {
         ("/../echo", None),
         ("/../echo", Some("above-1")),
         ("/x/../../echo", Some("above-2")),
-        ("/%2E%2E/echo", Some("above-3")),
         ("//..//counter", None),
     ] {
         let raw = raw_exchange(&gateway, &raw_post(path, key)).await;

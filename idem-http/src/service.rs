@@ -743,9 +743,11 @@ impl Early {
         self.first.into_iter().chain(self.rest)
     }
 
-    /// Reads what can go out with the response's head: the whole body if it is known to fit
-    /// under `cap`; of a body of unknown length, whatever is ready at once, up to `cap`;
-    /// nothing of a body announced over it.
+    /// Reads what can go out with the response's head: whatever of the body is ready at
+    /// once, up to `cap` (most bodies are all ready with their head, and then go out whole);
+    /// nothing of a body announced over it. A body that is not all ready is streamed after the
+    /// head as it comes (its last frame held until the record is settled), so a slow body
+    /// does not hold its head back.
     async fn read<B>(
         &mut self,
         claim: &mut Claim,
@@ -756,7 +758,7 @@ impl Early {
     where
         B: Body<Data = Bytes>,
     {
-        if body.is_end_stream() || hint.exact().is_some_and(|len| len <= cap) {
+        if body.is_end_stream() {
             self.read_all(claim, body).await
         } else if hint.lower() <= cap {
             self.read_ready(body, cap).await

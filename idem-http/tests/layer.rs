@@ -735,13 +735,18 @@ async fn a_covered_method_in_another_case_is_refused_never_run() {
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{spelling}");
         assert_eq!(answer.outcome(), "rejected");
         let body = String::from_utf8_lossy(&answer.body).into_owned();
-        assert!(body.contains("MethodCase") && body.contains(spelling), "{body}");
+        assert!(
+            body.contains("MethodCase") && body.contains(spelling),
+            "{body}"
+        );
     }
     assert_eq!(app.count(), 0);
     // The covered spelling runs once; a method no covered one spells passes through.
     assert_eq!(app.send(Method::POST, "/run", &key, "").await.body, "ran 1");
     assert_eq!(app.send(Method::POST, "/run", &key, "").await.body, "ran 1");
-    let other = app.send(Method::from_bytes(b"purge").unwrap(), "/run", &[], "").await;
+    let other = app
+        .send(Method::from_bytes(b"purge").unwrap(), "/run", &[], "")
+        .await;
     assert_eq!(other.outcome(), "bypassed");
     assert_eq!(app.count(), 2);
 }

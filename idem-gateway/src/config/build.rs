@@ -261,6 +261,24 @@ fn server_config(
             })?,
         None => defaults::workers(),
     };
+    let max_connections = match &server.max_connections {
+        Some(spanned) => NonZeroUsize::new(*spanned.get_ref()).ok_or_else(|| {
+            origin.error_at(
+                Some(spanned.span().start),
+                "max_connections must be at least 1",
+            )
+        })?,
+        None => defaults::MAX_CONNECTIONS,
+    };
+    let header_timeout = match &server.header_timeout {
+        Some(d) => positive(
+            d.get_ref().0,
+            "header_timeout",
+            origin,
+            Some(d.span().start),
+        )?,
+        None => defaults::HEADER_TIMEOUT,
+    };
     let server_listen_at = match (&listen, &server.listen) {
         (None, Some(spanned)) => Some(spanned.span().start),
         _ => None,
@@ -275,6 +293,10 @@ fn server_config(
             .shutdown_grace
             .map_or(defaults::SHUTDOWN_GRACE, |d| d.0),
         workers,
+        max_connections,
+        header_timeout,
+        underscores_in_headers: server.underscores_in_headers.unwrap_or(false),
+        allow_ambiguous_paths: server.allow_ambiguous_paths.unwrap_or(false),
     };
     Ok((server, server_listen_at))
 }
@@ -308,6 +330,15 @@ fn upstream_config(
                     Some(d.span().start),
                 )?,
                 None => defaults::UPSTREAM_TIMEOUT,
+            },
+            body_idle_timeout: match &upstream.body_idle_timeout {
+                Some(d) => positive(
+                    d.get_ref().0,
+                    "body_idle_timeout",
+                    origin,
+                    Some(d.span().start),
+                )?,
+                None => defaults::BODY_IDLE_TIMEOUT,
             },
             pool_idle_timeout: upstream
                 .pool_idle_timeout

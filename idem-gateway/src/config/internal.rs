@@ -38,10 +38,17 @@ pub(crate) mod defaults {
     /// The most `[server] workers`: each is a thread with its own runtime, listener and store
     /// connection, and no machine gains from more than this.
     pub(crate) const MAX_WORKERS: usize = 1024;
+    /// `[server] max_connections`.
+    pub(crate) const MAX_CONNECTIONS: std::num::NonZeroUsize =
+        std::num::NonZeroUsize::new(10_000).expect("not zero");
+    /// `[server] header_timeout`.
+    pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
     /// `[upstream] connect_timeout`.
     pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
     /// `[upstream] timeout`.
     pub(crate) const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(60);
+    /// `[upstream] body_idle_timeout`.
+    pub(crate) const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
     /// `[upstream] pool_idle_timeout`.
     pub(crate) const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
     /// `[upstream] pool_max_idle`.
@@ -135,6 +142,16 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// Serving threads, each with its own listener on the port, runtime and upstream pool.
     pub workers: NonZeroUsize,
+    /// The most client connections open at once (over all serving threads); a connection
+    /// past it waits in the listen backlog until one closes.
+    pub max_connections: NonZeroUsize,
+    /// The limit from accept to a complete first request head (a connection that sends
+    /// nothing, or only the HTTP/2 preface, is closed after it), and for each later head.
+    pub header_timeout: Duration,
+    /// Whether header names with an underscore are forwarded (else they are dropped).
+    pub underscores_in_headers: bool,
+    /// Whether paths that servers resolve differently are forwarded (else they are 400).
+    pub allow_ambiguous_paths: bool,
 }
 
 /// The upstream service.
@@ -147,6 +164,9 @@ pub struct UpstreamConfig {
     /// The limit for the response head (504 after it), and for the body's first frame before
     /// the head is passed on (streamed after the head past it).
     pub timeout: Duration,
+    /// The longest pause within the response body: past it the body is broken off, as one the
+    /// upstream broke off.
+    pub body_idle_timeout: Duration,
     /// How long idle pooled connections are kept.
     pub pool_idle_timeout: Duration,
     /// The most idle pooled connections.

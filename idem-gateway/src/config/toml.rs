@@ -46,6 +46,14 @@ pub(crate) struct ServerSection {
     pub shutdown_grace: Option<HumanDuration>,
     /// Serving threads (default: one per core).
     pub workers: Option<Spanned<usize>>,
+    /// The most client connections open at once.
+    pub max_connections: Option<Spanned<usize>>,
+    /// The limit from accept to a complete request head, and for each later head.
+    pub header_timeout: Option<Spanned<HumanDuration>>,
+    /// Whether header names with an underscore are forwarded (default: dropped).
+    pub underscores_in_headers: Option<bool>,
+    /// Whether paths that servers resolve differently are forwarded (default: 400).
+    pub allow_ambiguous_paths: Option<bool>,
 }
 
 /// `[upstream]`.
@@ -58,6 +66,8 @@ pub(crate) struct UpstreamSection {
     pub connect_timeout: Option<Spanned<HumanDuration>>,
     /// The limit for the upstream's response head (504 after it).
     pub timeout: Option<Spanned<HumanDuration>>,
+    /// The longest pause within the upstream's response body.
+    pub body_idle_timeout: Option<Spanned<HumanDuration>>,
     /// How long an idle pooled connection is kept.
     pub pool_idle_timeout: Option<HumanDuration>,
     /// The most idle pooled connections kept.

@@ -306,8 +306,17 @@ pub fn config(upstream: SocketAddr, extra: &str) -> Config {
 
 /// [`config`] with `overrides` (an admin token, for instance).
 pub fn config_with(upstream: SocketAddr, extra: &str, overrides: &Overrides) -> Config {
+    config_text(upstream, "", extra, overrides)
+}
+
+/// [`config`] with `server` (lines of TOML) in its `[server]` section.
+pub fn config_with_server(upstream: SocketAddr, server: &str, extra: &str) -> Config {
+    config_text(upstream, server, extra, &Overrides::default())
+}
+
+fn config_text(upstream: SocketAddr, server: &str, extra: &str, overrides: &Overrides) -> Config {
     let text = format!(
-        "[upstream]\nurl = \"http://{upstream}\"\n\n[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n{extra}"
+        "[upstream]\nurl = \"http://{upstream}\"\n\n[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"\n{server}\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n{extra}"
     );
     config::from_str("test.toml", &text, overrides).unwrap()
 }
