@@ -228,6 +228,7 @@ async fn serve_gateway(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Running, Failure> {
     crate::telemetry::register_metrics(config.store.spec.kind());
+    crate::server::raise_open_files(config.server.max_connections);
     // The claims made through this gateway, kept as they happen: what `/metrics` reports
     // without scanning the store.
     let in_flight = Arc::new(InFlightIndex::new());

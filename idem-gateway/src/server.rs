@@ -3,6 +3,14 @@
 //! in-flight requests finish within the grace period, then make the rest give up so their keys
 //! are released.
 //!
+//! A connection must bring its first complete request head within `header_timeout` of its
+//! accept, on either protocol (hyper-util's protocol detection and HTTP/2 wait without a
+//! limit: a socket that sends nothing, or only the HTTP/2 preface, would stay open forever);
+//! later heads are bounded by hyper's own header timeout, and an HTTP/2 peer that stops
+//! answering pings is closed. At most `max_connections` are open at once, over all serving
+//! threads: at the cap a thread accepts no new connection until one closes, and says so in
+//! the log at most once per [`LOG_EVERY`].
+//!
 //! The gateway serves on `[server] workers` threads ([`serve_workers`]), each a current-thread
 //! runtime with its own listener on the shared port ([`bind_workers`]) and its own upstream
 //! pool: a connection, its requests and their upstream exchanges stay on one thread. The store
@@ -13,7 +21,9 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -21,7 +31,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpSocket};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot, watch};
 
 use crate::config::ServerConfig;
 use crate::gateway::Gateway;
@@ -33,6 +43,36 @@ const HYPER_MAX_HEADERS: usize = 100;
 /// After the grace period, how long aborted requests get to release their keys.
 const SETTLE: Duration = Duration::from_secs(5);
 
+/// The shortest interval between two log lines of one kind about refused or failed accepts.
+pub(crate) const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// How long an HTTP/2 peer has to answer a ping before its connection is closed.
+const PING_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A log line that is written at most once per [`LOG_EVERY`], with the count of the
+/// occurrences it stood for.
+#[derive(Debug, Default)]
+struct Throttled {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl Throttled {
+    /// Whether to log now, and how many occurrences went unlogged since the last line.
+    fn due(&mut self) -> Option<u64> {
+        let now = Instant::now();
+        if self
+            .last
+            .is_some_and(|last| now.duration_since(last) < LOG_EVERY)
+        {
+            self.suppressed += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.suppressed))
+    }
+}
+
 /// How a shutdown went.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Drained {
@@ -42,12 +82,14 @@ pub struct Drained {
     pub abandoned: usize,
 }
 
-/// Serves `gateway` on `listener` until `shutdown` resolves, then drains.
+/// Serves `gateway` on `listener` until `shutdown` resolves, then drains. Each connection
+/// holds one of `permits` (`max_connections`, shared by every serving thread) while it is open.
 pub(crate) async fn serve(
     listener: TcpListener,
     gateway: Gateway,
     settings: &ServerConfig,
     tracker: Tracker,
+    permits: Arc<Semaphore>,
     shutdown: impl Future<Output = ()>,
 ) -> Drained {
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -55,7 +97,7 @@ pub(crate) async fn serve(
         .http1()
         .timer(TokioTimer::new())
         .max_buf_size(settings.max_header_bytes)
-        .header_read_timeout(Duration::from_secs(30));
+        .header_read_timeout(settings.header_timeout);
     if settings.max_headers != HYPER_MAX_HEADERS {
         // Set, hyper fills an array of that many header slots for every request it parses
         // (about 1,000 instructions per request); left at its default, it parses into
@@ -65,10 +107,33 @@ pub(crate) async fn serve(
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX));
+        .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX))
+        .keep_alive_interval(settings.header_timeout)
+        .keep_alive_timeout(PING_TIMEOUT);
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
+    let (mut at_cap, mut accept_failed) = (Throttled::default(), Throttled::default());
     loop {
+        let permit = match permits.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                if let Some(suppressed) = at_cap.due() {
+                    tracing::warn!(
+                        max_connections = settings.max_connections.get(),
+                        since_last_line = suppressed,
+                        "max_connections reached: new connections wait until one closes"
+                    );
+                }
+                tokio::select! {
+                    permit = permits.clone().acquire_owned() => match permit {
+                        Ok(permit) => permit,
+                        // Never closed while the gateway serves.
+                        Err(_) => break,
+                    },
+                    () = &mut shutdown => break,
+                }
+            }
+        };
         tokio::select! {
             accepted = listener.accept() => {
                 let (stream, peer) = match accepted {
@@ -76,30 +141,20 @@ pub(crate) async fn serve(
                     Err(err) => {
                         // Out of file descriptors or a connection reset before accept: pause
                         // and go on.
-                        tracing::warn!(error = %err, "accept failed");
+                        if let Some(suppressed) = accept_failed.due() {
+                            tracing::warn!(error = %err, since_last_line = suppressed, "accept failed");
+                        }
                         tokio::time::sleep(Duration::from_millis(20)).await;
                         continue;
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let gateway = gateway.clone();
-                let service = service_fn(move |request: hyper::Request<Incoming>| {
-                    let gateway = gateway.clone();
-                    async move { Ok::<_, Infallible>(gateway.handle(request, peer).await) }
-                });
-                let connection = builder
-                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                    .into_owned();
-                let connection = graceful.watch(connection);
-                tokio::spawn(async move {
-                    if let Err(err) = connection.await {
-                        tracing::debug!(error = %err, %peer, "connection ended with an error");
-                    }
-                });
+                serve_connection(&builder, &graceful, &gateway, stream, peer, permit, settings.header_timeout);
             }
             () = &mut shutdown => break,
         }
     }
+
     drop(listener);
     // The shutdown is logged once for all serving threads, by `serve_workers`.
     let deadline = deadline_after(settings.shutdown_grace);
@@ -124,6 +179,75 @@ pub(crate) async fn serve(
         clean: false,
         abandoned: if settled { 0 } else { tracker.in_flight() },
     }
+}
+
+/// Raises the soft limit of open files to the hard one (on Unix), so that `max_connections`
+/// is what bounds the connections, not a soft limit of 1,024 that the operator never chose;
+/// warns when even the hard limit leaves less than `max_connections` plus room for the
+/// upstream and store connections.
+pub(crate) fn raise_open_files(max_connections: NonZeroUsize) {
+    #[cfg(unix)]
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => {
+            let wanted = u64::try_from(max_connections.get())
+                .unwrap_or(u64::MAX)
+                .saturating_mul(2);
+            if limit < wanted {
+                tracing::warn!(
+                    open_files = limit,
+                    max_connections = max_connections.get(),
+                    "the limit of open files is below twice max_connections (each client connection may need an upstream one): raise the hard limit (ulimit -Hn) or lower max_connections"
+                );
+            } else {
+                tracing::debug!(open_files = limit, "limit of open files");
+            }
+        }
+        Err(err) => tracing::warn!(error = %err, "cannot raise the limit of open files"),
+    }
+    #[cfg(not(unix))]
+    let _ = max_connections;
+}
+
+/// Serves one accepted connection on a task of its own, holding `permit` until it closes.
+/// The connection is closed if no request head is complete within `header_timeout` of now.
+fn serve_connection(
+    builder: &auto::Builder<TokioExecutor>,
+    graceful: &GracefulShutdown,
+    gateway: &Gateway,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    permit: OwnedSemaphorePermit,
+    header_timeout: Duration,
+) {
+    let gateway = gateway.clone();
+    let started = Arc::new(AtomicBool::new(false));
+    let first = started.clone();
+    let service = service_fn(move |request: hyper::Request<Incoming>| {
+        first.store(true, Ordering::Relaxed);
+        let gateway = gateway.clone();
+        async move { Ok::<_, Infallible>(gateway.handle(request, peer).await) }
+    });
+    let connection = builder
+        .serve_connection_with_upgrades(TokioIo::new(stream), service)
+        .into_owned();
+    let connection = graceful.watch(connection);
+    tokio::spawn(async move {
+        let _permit = permit;
+        let mut connection = std::pin::pin!(connection);
+        let result = tokio::select! {
+            result = &mut connection => result,
+            () = tokio::time::sleep(header_timeout) => {
+                if !started.load(Ordering::Relaxed) {
+                    tracing::debug!(%peer, "no request head within header_timeout: connection closed");
+                    return;
+                }
+                connection.await
+            }
+        };
+        if let Err(err) = result {
+            tracing::debug!(error = %err, %peer, "connection ended with an error");
+        }
+    });
 }
 
 /// The instant `limit` from now, or a year from now when that is sooner: a deadline that far
@@ -255,11 +379,15 @@ pub(crate) async fn serve_workers(
     shutdown: impl Future<Output = ()>,
 ) -> Drained {
     let (stop, stopped) = watch::channel(false);
+    let permits = Arc::new(Semaphore::new(
+        settings.max_connections.get().min(Semaphore::MAX_PERMITS),
+    ));
     let mut results = Vec::with_capacity(workers.len());
     for (index, worker) in workers.into_iter().enumerate() {
         let (done, result) = oneshot::channel();
         let settings = settings.clone();
         let tracker = tracker.clone();
+        let permits = permits.clone();
         let mut stopped = stopped.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("idem-serve-{index}"))
@@ -283,7 +411,11 @@ pub(crate) async fn serve_workers(
                     let stop = async move {
                         let _ = stopped.wait_for(|stop| *stop).await;
                     };
-                    let drained = serve(listener, gateway, &settings, tracker, stop).await;
+                    let drained =
+                        serve(listener, gateway, &settings, tracker, permits, stop).await;
+                    // Idle upstream connections would keep their drivers (tasks of this
+                    // thread) alive until their idle timeout, and the wait below for them.
+                    crate::pool::close_idle();
                     settle_tasks(SETTLE).await;
                     drained
                 });
@@ -357,5 +489,21 @@ pub(crate) async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_throttled_line_is_written_once_per_interval_with_what_it_stood_for() {
+        let mut throttled = Throttled::default();
+        assert_eq!(throttled.due(), Some(0));
+        assert_eq!(throttled.due(), None);
+        assert_eq!(throttled.due(), None);
+        // As if the interval had passed.
+        throttled.last = Instant::now().checked_sub(LOG_EVERY);
+        assert_eq!(throttled.due(), Some(2));
     }
 }
