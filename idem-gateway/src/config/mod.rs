@@ -34,6 +34,7 @@ mod build;
 pub(crate) mod internal;
 pub(crate) mod lint;
 mod routes;
+mod tls;
 pub(crate) mod toml;
 pub(crate) mod value;
 
@@ -45,6 +46,7 @@ pub use internal::{
     UpstreamConfig,
 };
 pub use lint::ConfigWarning;
+pub use tls::UpstreamTls;
 pub use toml::{KeyMode, LogFormat, OnStoreError};
 pub(crate) use value::HumanDuration;
 pub use value::{PathPattern, RoutePath, ScopeSpec, UpstreamUrl};
