@@ -98,6 +98,10 @@ impl std::error::Error for GatewayConfigError {}
 
 /// Parses and validates configuration text; `name` is how errors name the file.
 ///
+/// Beyond the text, it reads what the settings name: a listening address given by host name
+/// is resolved (the first address is taken), and for an `https` upstream the `ca_file` (or the
+/// system's root certificates) is read, so that `check-config` refuses what `serve` would.
+///
 /// # Errors
 /// [`GatewayConfigError`]: a TOML syntax error, an unknown key, a bad value or a refused setting, with
 /// its position.
