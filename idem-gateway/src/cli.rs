@@ -37,10 +37,10 @@ pub(crate) struct Cli {
 /// The flags that win over the configuration file. Values are checked with the file's parsers.
 #[derive(Clone, Debug, Default, Args)]
 pub(crate) struct OverrideArgs {
-    /// The public address, e.g. 127.0.0.1:8080.
+    /// The public address, e.g. 127.0.0.1:8080 or localhost:8080.
     #[arg(long, env = "IDEM_LISTEN", global = true, value_name = "ADDR")]
     pub listen: Option<String>,
-    /// The upstream service, e.g. http://127.0.0.1:3000.
+    /// The upstream service, e.g. http://127.0.0.1:3000 (https for TLS).
     #[arg(long, env = "IDEM_UPSTREAM", global = true, value_name = "URL")]
     pub upstream: Option<String>,
     /// The store: the forms of the stores this build has ([`Backends::forms`]).

@@ -1,5 +1,6 @@
 //! The upstream connections of the [`Proxy`](crate::proxy::Proxy): HTTP/1.1 connections
-//! (hyper's `client::conn::http1`, `TCP_NODELAY` set), kept alive between requests in a list
+//! (hyper's `client::conn::http1`, `TCP_NODELAY` set; over TLS for an `https` upstream), kept
+//! alive between requests in a list
 //! that belongs to the thread (a `thread_local`), so that taking a connection and giving it
 //! back takes no lock and no atomic operation, and spawns no task.
 //!
@@ -11,6 +12,13 @@
 //! thread (the oldest goes first), each for at most `pool_idle_timeout`; a request takes the
 //! one that went idle last. A request that finds the connection it took closed before it was
 //! sent is sent again on another one, as hyper-util's pooled client does.
+//!
+//! To an `https` upstream, each new connection makes its TLS handshake (tokio-rustls, with
+//! the [`UpstreamTls`](crate::config::UpstreamTls) of the configuration) before its HTTP/1 one, all within
+//! `connect_timeout`: the name sent by SNI and checked against the certificate is the host of
+//! the upstream's URL, and ALPN offers `http/1.1` alone. A handshake that fails (a certificate
+//! the roots do not vouch for, one for another name) is a [`ConnectError::Tls`]: the request
+//! was not sent.
 
 use std::cell::RefCell;
 use std::io;
@@ -20,7 +28,10 @@ use std::time::{Duration, Instant};
 
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
 
 use crate::body::{RequestBody, SettledTrailers};
 use crate::config::UpstreamConfig;
@@ -63,11 +74,39 @@ enum Target {
     Name(String, u16),
 }
 
+/// How a new connection to an `https` upstream makes its TLS handshake: with the roots of
+/// the configuration, sending and checking the host of the URL.
+enum Tls {
+    /// Ready.
+    Ready {
+        connector: TlsConnector,
+        name: ServerName<'static>,
+    },
+    /// Every connection fails, for this reason: the configuration has no TLS settings or
+    /// the host is no name a certificate carries (the configuration refuses both, so only
+    /// an [`UpstreamConfig`] made by hand has them).
+    Unusable(&'static str),
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Tls::Ready { name, .. } => f
+                .debug_struct("Ready")
+                .field("name", name)
+                .finish_non_exhaustive(),
+            Tls::Unusable(why) => f.debug_tuple("Unusable").field(why).finish(),
+        }
+    }
+}
+
 /// The connections to one upstream (per thread; see the module's documentation).
 #[derive(Debug)]
 pub(crate) struct Pool {
     id: u64,
     target: Target,
+    /// `Some` for an `https` upstream.
+    tls: Option<Tls>,
     connect_timeout: Duration,
     idle_timeout: Duration,
     max_idle: usize,
@@ -90,6 +129,11 @@ pub(crate) enum ConnectError {
     /// Refused, unreachable, or a name that does not resolve.
     #[error("tcp connect error: {0}")]
     Io(io::Error),
+    /// The TLS handshake with an `https` upstream failed: its certificate was not verified
+    /// (not signed by a trusted root, for another name, expired), or the upstream does not
+    /// speak TLS.
+    #[error("tls handshake error: {0}")]
+    Tls(io::Error),
     /// The HTTP/1 handshake failed.
     #[error("handshake error: {0}")]
     Handshake(hyper::Error),
@@ -98,17 +142,29 @@ pub(crate) enum ConnectError {
 impl Pool {
     /// The connections to `upstream`.
     pub(crate) fn new(upstream: &UpstreamConfig) -> Self {
-        let authority = &upstream.url.authority;
-        let port = authority.port_u16().unwrap_or(80);
-        let host = authority.host();
-        let bare = host.trim_start_matches('[').trim_end_matches(']');
-        let target = match bare.parse::<IpAddr>() {
+        let url = &upstream.url;
+        let port = url.port();
+        let host = url.authority.host();
+        let target = match url.host().parse::<IpAddr>() {
             Ok(ip) => Target::Addr(SocketAddr::new(ip, port)),
             Err(_) => Target::Name(host.to_owned(), port),
         };
+        let tls = url.is_https().then(|| {
+            match (&upstream.tls, ServerName::try_from(url.host().to_owned())) {
+                (Some(tls), Ok(name)) => Tls::Ready {
+                    connector: TlsConnector::from(tls.client()),
+                    name,
+                },
+                (None, _) => Tls::Unusable("no TLS settings for the https upstream"),
+                (Some(_), Err(_)) => {
+                    Tls::Unusable("the upstream's host is not a name a certificate can carry")
+                }
+            }
+        });
         Pool {
             id: NEXT_POOL.fetch_add(1, Ordering::Relaxed),
             target,
+            tls,
             connect_timeout: upstream.connect_timeout,
             idle_timeout: upstream.pool_idle_timeout,
             max_idle: upstream.pool_max_idle,
@@ -189,26 +245,40 @@ impl Pool {
         });
     }
 
-    /// A new connection: resolved (a name), connected within `connect_timeout`, `TCP_NODELAY`
-    /// and TCP keep-alive set, its HTTP/1 driver spawned.
+    /// A new connection: resolved (a name), connected, `TCP_NODELAY` and TCP keep-alive set,
+    /// its TLS handshake made (`https`), all within `connect_timeout`; its HTTP/1 driver
+    /// spawned.
     async fn connect(&self) -> Result<Sender, ConnectError> {
-        let stream = tokio::time::timeout(self.connect_timeout, self.tcp())
+        tokio::time::timeout(self.connect_timeout, self.open())
             .await
             .map_err(|_elapsed| ConnectError::Timeout)?
-            .map_err(ConnectError::Io)?;
+    }
+
+    /// [`Pool::connect`] without its time limit.
+    async fn open(&self) -> Result<Sender, ConnectError> {
+        let tls = match &self.tls {
+            None => None,
+            Some(Tls::Ready { connector, name }) => Some((connector, name)),
+            Some(Tls::Unusable(why)) => {
+                return Err(ConnectError::Tls(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    *why,
+                )));
+            }
+        };
+        let stream = self.tcp().await.map_err(ConnectError::Io)?;
         stream.set_nodelay(true).map_err(ConnectError::Io)?;
         let keepalive = socket2::TcpKeepalive::new().with_time(KEEPALIVE);
         // Keep-alive probes only find a dead peer sooner: a socket without them still works.
         let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
-        let (sender, connection) = http1::handshake(TokioIo::new(stream))
+        let Some((connector, name)) = tls else {
+            return http1_over(stream).await;
+        };
+        let stream = connector
+            .connect(name.clone(), stream)
             .await
-            .map_err(ConnectError::Handshake)?;
-        tokio::spawn(async move {
-            if let Err(err) = connection.await {
-                tracing::debug!(error = %crate::proxy::error_chain(&err), "upstream connection ended with an error");
-            }
-        });
-        Ok(sender)
+            .map_err(ConnectError::Tls)?;
+        http1_over(stream).await
     }
 
     /// A TCP connection to the first address of the target that takes one.
@@ -231,6 +301,23 @@ impl Pool {
             )
         }))
     }
+}
+
+/// The HTTP/1 handshake over `stream` (TCP, or TLS over it); the connection's driver is
+/// spawned on this thread's runtime.
+async fn http1_over<S>(stream: S) -> Result<Sender, ConnectError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) = http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(ConnectError::Handshake)?;
+    tokio::spawn(async move {
+        if let Err(err) = connection.await {
+            tracing::debug!(error = %crate::proxy::error_chain(&err), "upstream connection ended with an error");
+        }
+    });
+    Ok(sender)
 }
 
 #[cfg(test)]
@@ -376,6 +463,93 @@ mod tests {
         close_idle();
         let closed = tokio::time::timeout(Duration::from_secs(20), on_close).await;
         assert!(closed.is_ok(), "the idle connection stayed open");
+    }
+
+    /// An `https` upstream trusting a CA made here (so not the system's roots).
+    fn https_upstream(url: &str) -> UpstreamConfig {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = params.self_signed(&key).unwrap();
+        let dir = std::env::temp_dir().join(format!("idem-gateway-pool-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!(
+            "ca-{}.pem",
+            NEXT_POOL.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::write(&path, ca.pem()).unwrap();
+        let text = format!(
+            "[upstream]\nurl = \"{url}\"\nca_file = \"{}\"\nconnect_timeout = \"200ms\"\n",
+            path.display()
+        );
+        crate::config::from_str("idem.toml", &text, &crate::config::Overrides::default())
+            .unwrap()
+            .require_upstream()
+            .unwrap()
+            .clone()
+    }
+
+    #[test]
+    fn an_https_upstream_is_on_port_443_unless_written_and_makes_tls_connections() {
+        let pool = Pool::new(&https_upstream("https://localhost"));
+        assert!(matches!(&pool.target, Target::Name(host, 443) if host == "localhost"));
+        assert!(matches!(&pool.tls, Some(Tls::Ready { name, .. }) if name.to_str() == "localhost"));
+        let pool = Pool::new(&https_upstream("https://[::1]:8443"));
+        assert!(matches!(pool.target, Target::Addr(addr) if addr.port() == 8443));
+        assert!(matches!(
+            &pool.tls,
+            Some(Tls::Ready {
+                name: ServerName::IpAddress(_),
+                ..
+            })
+        ));
+        let pool = Pool::new(&upstream("http://localhost", 1));
+        assert!(matches!(&pool.target, Target::Name(_, 80)));
+        assert!(pool.tls.is_none());
+    }
+
+    /// A server that accepts and never answers the TLS handshake: the handshake is within
+    /// `connect_timeout`, so it is a connect timeout (504), not a wait for the upstream's
+    /// response.
+    #[tokio::test]
+    async fn a_stalled_tls_handshake_is_a_connect_timeout() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        let pool = Pool::new(&https_upstream(&format!("https://{addr}")));
+        let err = pool.checkout(Instant::now()).await.err().unwrap();
+        assert!(matches!(err, ConnectError::Timeout), "{err:?}");
+    }
+
+    /// A plain HTTP server behind an `https` URL: the handshake fails, nothing is sent.
+    #[tokio::test]
+    async fn a_server_that_does_not_speak_tls_is_a_tls_error() {
+        let (addr, _) = upstream_server().await;
+        let pool = Pool::new(&https_upstream(&format!("https://{addr}")));
+        let err = pool.checkout(Instant::now()).await.err().unwrap();
+        assert!(matches!(err, ConnectError::Tls(_)), "{err:?}");
+        assert!(err.to_string().starts_with("tls handshake error"), "{err}");
+    }
+
+    /// An `https` configuration made without TLS settings never falls back to plain TCP.
+    #[tokio::test]
+    async fn an_https_upstream_without_tls_settings_is_never_spoken_to_in_the_clear() {
+        let (addr, accepted) = upstream_server().await;
+        let mut config = https_upstream(&format!("https://{addr}"));
+        config.tls = None;
+        let pool = Pool::new(&config);
+        let err = pool.checkout(Instant::now()).await.err().unwrap();
+        assert!(matches!(err, ConnectError::Tls(_)), "{err:?}");
+        assert_eq!(
+            accepted.load(Ordering::Relaxed),
+            0,
+            "no connection was opened"
+        );
     }
 
     #[tokio::test]

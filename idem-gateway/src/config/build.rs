@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
+use std::path::Path;
 use std::time::Duration;
 
 use http::HeaderName;
@@ -18,6 +19,7 @@ use super::internal::{
 };
 use super::lint;
 use super::routes::route_configs;
+use super::tls::UpstreamTls;
 use super::toml::{
     AdminSection, FileConfig, LogSection, ServerSection, StoreSection, UpstreamSection,
 };
@@ -53,11 +55,30 @@ fn flag<T: std::str::FromStr<Err: std::fmt::Display>>(
         .transpose()
 }
 
+/// A listening address given as a flag, resolved ([`ListenAddr::resolve`]); an error names
+/// the flag.
 fn socket_addr(
     value: Option<&String>,
     name: &str,
 ) -> Result<Option<SocketAddr>, GatewayConfigError> {
-    Ok(flag::<ListenAddr>(value, name)?.map(|ListenAddr(addr)| addr))
+    flag::<ListenAddr>(value, name)?
+        .map(|addr| {
+            addr.resolve()
+                .map_err(|err| GatewayConfigError::new(Some(name.to_owned()), err))
+        })
+        .transpose()
+}
+
+/// A listening address of the file, resolved ([`ListenAddr::resolve`]); an error names its
+/// position.
+fn listen_addr(
+    value: Spanned<ListenAddr>,
+    origin: &Origin,
+) -> Result<SocketAddr, GatewayConfigError> {
+    value
+        .get_ref()
+        .resolve()
+        .map_err(|err| origin.error_at(Some(value.span().start), err))
 }
 
 /// Whether two listening addresses would take the same port: the same port (not 0), on the same
@@ -128,8 +149,10 @@ impl Config {
             routes,
         } = file;
         let (server, server_listen_at) = server_config(server, flags.listen, origin)?;
+        let mut warnings = Vec::new();
         let upstream_section = upstream;
-        let upstream = upstream_config(&upstream_section, flags.upstream_url, origin)?;
+        let upstream =
+            upstream_config(&upstream_section, flags.upstream_url, origin, &mut warnings)?;
         let store = store_config(
             store,
             flags.store_spec,
@@ -146,7 +169,6 @@ impl Config {
             server_listen_at,
         )?;
         let log = log_config(log, origin)?;
-        let mut warnings = Vec::new();
         let routes = route_configs(
             idempotency.as_ref(),
             &routes,
@@ -283,10 +305,13 @@ fn server_config(
         (None, Some(spanned)) => Some(spanned.span().start),
         _ => None,
     };
+    let listen = match (listen, server.listen) {
+        (Some(listen), _) => listen,
+        (None, Some(written)) => listen_addr(written, origin)?,
+        (None, None) => defaults::LISTEN,
+    };
     let server = ServerConfig {
-        listen: listen
-            .or(server.listen.map(|spanned| spanned.into_inner().0))
-            .unwrap_or(defaults::LISTEN),
+        listen,
         max_header_bytes,
         max_headers,
         shutdown_grace: server
@@ -306,12 +331,33 @@ fn upstream_config(
     upstream: &UpstreamSection,
     upstream_url: Option<UpstreamUrl>,
     origin: &Origin,
+    warnings: &mut lint::Warnings,
 ) -> Result<Option<UpstreamConfig>, GatewayConfigError> {
     // Checked with or without a URL, so that `check-config` refuses a bad name either way.
     let fence = fence_headers(upstream, origin)?;
+    // Read and checked with or without a URL too.
+    let ca = match &upstream.ca_file {
+        Some(path) => Some(
+            UpstreamTls::ca_file(Path::new(path.get_ref()))
+                .map_err(|err| origin.error_at(Some(path.span().start), err))?,
+        ),
+        None => None,
+    };
     let upstream = match upstream_url.or(upstream.url.clone()) {
         None => None,
         Some(url) => Some(UpstreamConfig {
+            tls: match (url.is_https(), ca) {
+                (true, Some(ca)) => Some(ca),
+                (true, None) => {
+                    Some(UpstreamTls::system().map_err(|err| GatewayConfigError::new(None, err))?)
+                }
+                (false, ca) => {
+                    if ca.is_some() {
+                        lint::unused_ca_file(&url, upstream, origin, warnings);
+                    }
+                    None
+                }
+            },
             url,
             connect_timeout: match &upstream.connect_timeout {
                 Some(d) => positive(
@@ -509,12 +555,16 @@ fn admin_config(
         (None, Some(spanned)) => Some(spanned.span().start),
         _ => None,
     };
-    let admin = admin_enabled.then(|| AdminConfig {
-        listen: admin_listen
-            .or(admin.listen.map(|spanned| spanned.into_inner().0))
-            .unwrap_or(defaults::ADMIN_LISTEN),
-        token,
-    });
+    let admin = if admin_enabled {
+        let listen = match (admin_listen, admin.listen) {
+            (Some(listen), _) => listen,
+            (None, Some(written)) => listen_addr(written, origin)?,
+            (None, None) => defaults::ADMIN_LISTEN,
+        };
+        Some(AdminConfig { listen, token })
+    } else {
+        None
+    };
     if let Some(admin) = &admin {
         // The admin address is named where it was set: a flag, or the file.
         let at_admin_listen = |message: String| {
@@ -618,6 +668,50 @@ mod tests {
             ..without_redis
         };
         assert!(store_of(text, all).is_ok());
+    }
+
+    /// `localhost:0` in the file and in the flags, for the gateway and the admin listener:
+    /// each is resolved to a loopback address (its first), port 0 kept. The admin listener on
+    /// it needs no token (it is loopback).
+    #[test]
+    fn listen_addresses_may_be_host_names() {
+        let text = "[server]\nlisten = \"localhost:0\"\n[admin]\nlisten = \"localhost:0\"\n";
+        let config = crate::config::from_str("idem.toml", text, &Overrides::default()).unwrap();
+        let admin = config.admin.unwrap().listen;
+        for addr in [config.server.listen, admin] {
+            assert!(addr.ip().is_loopback() && addr.port() == 0, "{addr}");
+        }
+        let flags = Overrides {
+            listen: Some("localhost:0".to_owned()),
+            admin_listen: Some("localhost:0".to_owned()),
+            ..Overrides::default()
+        };
+        let config = crate::config::from_str("idem.toml", "", &flags).unwrap();
+        let admin = config.admin.unwrap().listen;
+        for addr in [config.server.listen, admin] {
+            assert!(addr.ip().is_loopback() && addr.port() == 0, "{addr}");
+        }
+    }
+
+    /// A listening name that does not resolve is refused where it is written.
+    #[test]
+    fn a_listening_name_that_does_not_resolve_is_refused_at_its_line() {
+        // `.invalid` never resolves (RFC 6761).
+        let text = "[server]\nlisten = \"idem-test.invalid:8080\"\n";
+        let err = crate::config::from_str("idem.toml", text, &Overrides::default()).unwrap_err();
+        assert_eq!(err.location(), Some("idem.toml:2:10"), "{err}");
+        assert!(
+            err.message().starts_with(
+                "cannot listen on idem-test.invalid:8080: \"idem-test.invalid\" does not resolve"
+            ),
+            "{err}"
+        );
+        let flags = Overrides {
+            admin_listen: Some("idem-test.invalid:9901".to_owned()),
+            ..Overrides::default()
+        };
+        let err = crate::config::from_str("idem.toml", "", &flags).unwrap_err();
+        assert_eq!(err.location(), Some(ADMIN_LISTEN_FLAG), "{err}");
     }
 
     /// The fence headers: on with the default names unless `[upstream]` says otherwise.

@@ -11,6 +11,7 @@ use idem::StoreSpec;
 
 use super::GatewayConfigError;
 use super::lint::ConfigWarning;
+use super::tls::UpstreamTls;
 use super::toml::{KeyMode, LogFormat, OnStoreError};
 use super::value::{RoutePath, ScopeSpec, UpstreamUrl};
 use crate::fence::FenceHeaders;
@@ -132,7 +133,7 @@ pub struct Config {
 /// The public listener.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerConfig {
-    /// The address to listen on.
+    /// The address to listen on (a host name resolved to its first address).
     pub listen: SocketAddr,
     /// The largest request head, in bytes (431 above it).
     pub max_header_bytes: usize,
@@ -173,6 +174,8 @@ pub struct UpstreamConfig {
     pub pool_max_idle: usize,
     /// The headers that carry an attempt's fence and number to the upstream.
     pub fence: FenceHeaders,
+    /// The TLS settings of an `https` upstream (`None` for `http`).
+    pub tls: Option<UpstreamTls>,
 }
 
 /// The store.
@@ -191,7 +194,7 @@ pub struct StoreConfig {
 /// The admin listener.
 #[derive(Clone, PartialEq, Eq)]
 pub struct AdminConfig {
-    /// Its address.
+    /// Its address (a host name resolved to its first address).
     pub listen: SocketAddr,
     /// The bearer token every request must carry, when set.
     pub token: Option<String>,

@@ -13,6 +13,7 @@
 //! | `GET` among the covered methods | warned | a safe method needs no key, and a replayed GET is a stale read; an API whose GET has effects may mean it |
 //! | a method not in upper case (`post`) | refused (by the parser) | method names are case-sensitive: `post` is not `POST` |
 //! | an `allow_headers` entry for a header that is never denied | warned | it changes nothing; most likely a typo of one that is |
+//! | `[upstream] ca_file` with an `http` upstream | warned | the file is not used: most likely the URL was meant to be `https` |
 
 use std::net::SocketAddr;
 
@@ -61,6 +62,25 @@ pub(super) type Warnings = Vec<ConfigWarning>;
 /// Adds a warning at a byte offset of the file.
 fn warn(warnings: &mut Warnings, origin: &Origin, at: Option<usize>, message: String) {
     warnings.push(ConfigWarning(origin.error_at(at, message)));
+}
+
+/// Warns of a `ca_file` that the upstream `url` does not use: it is plain `http` (most likely
+/// meant to be `https`, or overridden by `--upstream` for a while).
+pub(super) fn unused_ca_file(
+    url: &super::UpstreamUrl,
+    upstream: &UpstreamSection,
+    origin: &Origin,
+    warnings: &mut Warnings,
+) {
+    let at = upstream.ca_file.as_ref().map(|path| path.span().start);
+    warn(
+        warnings,
+        origin,
+        at,
+        format!(
+            "ca_file is set but the upstream {url} is plain http: the file is not used (an https URL uses it)"
+        ),
+    );
 }
 
 /// Refuses an admin listener that other machines can reach without a token.

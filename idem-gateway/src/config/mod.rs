@@ -34,6 +34,7 @@ mod build;
 pub(crate) mod internal;
 pub(crate) mod lint;
 mod routes;
+mod tls;
 pub(crate) mod toml;
 pub(crate) mod value;
 
@@ -45,6 +46,7 @@ pub use internal::{
     UpstreamConfig,
 };
 pub use lint::ConfigWarning;
+pub use tls::UpstreamTls;
 pub use toml::{KeyMode, LogFormat, OnStoreError};
 pub(crate) use value::HumanDuration;
 pub use value::{PathPattern, RoutePath, ScopeSpec, UpstreamUrl};
@@ -95,6 +97,10 @@ impl fmt::Display for GatewayConfigError {
 impl std::error::Error for GatewayConfigError {}
 
 /// Parses and validates configuration text; `name` is how errors name the file.
+///
+/// Beyond the text, it reads what the settings name: a listening address given by host name
+/// is resolved (the first address is taken), and for an `https` upstream the `ca_file` (or the
+/// system's root certificates) is read, so that `check-config` refuses what `serve` would.
 ///
 /// # Errors
 /// [`GatewayConfigError`]: a TOML syntax error, an unknown key, a bad value or a refused setting, with

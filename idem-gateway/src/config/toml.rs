@@ -60,8 +60,11 @@ pub(crate) struct ServerSection {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct UpstreamSection {
-    /// `http://HOST[:PORT]`.
+    /// `http://HOST[:PORT]` or `https://HOST[:PORT]`.
     pub url: Option<UpstreamUrl>,
+    /// The PEM file of the CA an `https` upstream's certificate is verified against, instead
+    /// of the system's roots.
+    pub ca_file: Option<Spanned<String>>,
     /// The limit to open a connection (504 after it, the key released).
     pub connect_timeout: Option<Spanned<HumanDuration>>,
     /// The limit for the upstream's response head (504 after it).

@@ -71,25 +71,106 @@ impl fmt::Display for HumanDuration {
     }
 }
 
-/// A listening address: an IP address and a port (`127.0.0.1:8080`, `[::1]:8080`,
-/// `0.0.0.0:8080`; port 0 picks a free port). A host name is refused: a listener binds an
-/// address of this machine.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct ListenAddr(pub SocketAddr);
+/// A listening address as written: an IP address and a port (`127.0.0.1:8080`, `[::1]:8080`,
+/// `0.0.0.0:8080`), or a host name and a port (`localhost:8080`); port 0 picks a free port.
+///
+/// A host name is resolved when the configuration is built ([`ListenAddr::resolve`]) and the
+/// listener binds the first address the system's resolver gives for it (its preferred one),
+/// as one listener, on one port. A name whose last label does not start with a letter
+/// (`127.1`, `0x7f.1`) is refused rather than resolved: the resolver would read it as an IPv4
+/// address in a legacy form, which is most likely a typing mistake.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum ListenAddr {
+    /// An IP address and a port.
+    Ip(SocketAddr),
+    /// A host name and a port.
+    Name {
+        /// The name, as written.
+        host: String,
+        /// The port.
+        port: u16,
+    },
+}
+
+impl ListenAddr {
+    /// The address to bind: the IP address as written, or the first address the host name
+    /// resolves to.
+    ///
+    /// # Errors
+    /// The name does not resolve, or resolves to no address.
+    pub(crate) fn resolve(&self) -> Result<SocketAddr, String> {
+        let (host, port) = match self {
+            ListenAddr::Ip(addr) => return Ok(*addr),
+            ListenAddr::Name { host, port } => (host.as_str(), *port),
+        };
+        let mut addrs = std::net::ToSocketAddrs::to_socket_addrs(&(host, port)).map_err(|err| {
+            format!("cannot listen on {host}:{port}: {host:?} does not resolve ({err})")
+        })?;
+        addrs.next().ok_or_else(|| {
+            format!("cannot listen on {host}:{port}: {host:?} resolves to no address")
+        })
+    }
+}
+
+/// Whether `host` is a host name a listening address may name: dot-separated labels of ASCII
+/// letters, digits and `-` (not at either end), 1 to 63 bytes each and 253 in all, the last
+/// starting with a letter.
+fn is_host_name(host: &str) -> bool {
+    let label_ok = |label: &str| {
+        (1..=63).contains(&label.len())
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+    };
+    host.len() <= 253
+        && host.split('.').all(label_ok)
+        && host
+            .rsplit('.')
+            .next()
+            .is_some_and(|last| last.starts_with(|c: char| c.is_ascii_alphabetic()))
+}
 
 impl FromStr for ListenAddr {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        text.trim().parse().map(ListenAddr).map_err(|_| {
+        let trimmed = text.trim();
+        if let Ok(addr) = trimmed.parse::<SocketAddr>() {
+            return Ok(ListenAddr::Ip(addr));
+        }
+        let bad = || {
             format!(
-                "invalid address {text:?}: write it like 127.0.0.1:8080 (an IP address and a port)"
+                "invalid address {text:?}: write it like 127.0.0.1:8080, [::1]:8080 or \
+                 localhost:8080 (an IP address or a host name, and a port from 0 to 65535)"
             )
+        };
+        let (host, port) = trimmed.rsplit_once(':').ok_or_else(bad)?;
+        let port = port.parse::<u16>().map_err(|_| bad())?;
+        if !is_host_name(host) {
+            return Err(bad());
+        }
+        Ok(ListenAddr::Name {
+            host: host.to_owned(),
+            port,
         })
     }
 }
 
-deserialize_from_str!(ListenAddr, "an address such as \"127.0.0.1:8080\"");
+impl fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ListenAddr::Ip(addr) => addr.fmt(f),
+            ListenAddr::Name { host, port } => write!(f, "{host}:{port}"),
+        }
+    }
+}
+
+deserialize_from_str!(
+    ListenAddr,
+    "an address such as \"127.0.0.1:8080\" or \"localhost:8080\""
+);
 
 /// A size in bytes: an integer, or text with a unit (`512`, `64KiB`, `1MiB`, `1GiB`; `kB`,
 /// `MB`, `GB` are powers of 1000).
@@ -148,13 +229,39 @@ impl<'de> Deserialize<'de> for ByteSize {
     }
 }
 
-/// The upstream's base URL: `http://HOST[:PORT]`.
+/// The upstream's base URL: `http://HOST[:PORT]` or `https://HOST[:PORT]` (the port is 80 or
+/// 443 when none is written).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UpstreamUrl {
-    /// `http`.
+    /// `http` or `https`.
     pub scheme: http::uri::Scheme,
     /// `HOST[:PORT]`.
     pub authority: http::uri::Authority,
+}
+
+impl UpstreamUrl {
+    /// Whether the upstream speaks TLS (`https`).
+    #[must_use]
+    pub fn is_https(&self) -> bool {
+        self.scheme == http::uri::Scheme::HTTPS
+    }
+
+    /// The port: as written, or the scheme's (80 for `http`, 443 for `https`).
+    #[must_use]
+    pub fn port(&self) -> u16 {
+        let default = if self.is_https() { 443 } else { 80 };
+        self.authority.port_u16().unwrap_or(default)
+    }
+
+    /// The host without the brackets of an IPv6 address: what is resolved, and the name the
+    /// upstream's certificate must carry.
+    #[must_use]
+    pub fn host(&self) -> &str {
+        let host = self.authority.host();
+        host.strip_prefix('[')
+            .and_then(|host| host.strip_suffix(']'))
+            .unwrap_or(host)
+    }
 }
 
 impl FromStr for UpstreamUrl {
@@ -171,9 +278,9 @@ impl FromStr for UpstreamUrl {
                 "invalid upstream URL {text:?}: write it like http://127.0.0.1:3000"
             ));
         };
-        if scheme != http::uri::Scheme::HTTP {
+        if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
             return Err(format!(
-                "unsupported upstream scheme {:?} in {text:?}: idem speaks plain http to its upstream",
+                "unsupported upstream scheme {:?} in {text:?}: idem speaks http or https to its upstream",
                 scheme.as_str()
             ));
         }
@@ -182,6 +289,16 @@ impl FromStr for UpstreamUrl {
                 "invalid upstream URL {text:?}: write it like http://127.0.0.1:3000"
             ));
         }
+        let url = UpstreamUrl { scheme, authority };
+        // The name TLS sends (SNI) and checks the certificate against: a DNS name or an IP
+        // address.
+        if url.is_https() && rustls::pki_types::ServerName::try_from(url.host()).is_err() {
+            return Err(format!(
+                "invalid upstream URL {text:?}: {:?} is not a host name a certificate can name",
+                url.host()
+            ));
+        }
+        let UpstreamUrl { scheme, authority } = url;
         // The port as written (`http` accepts any digits there): 1 to 65535, or none.
         let port = authority
             .as_str()
@@ -641,6 +758,63 @@ mod tests {
         assert_eq!(spec.to_string(), "redis://user:***@h:6379/1");
     }
 
+    /// A listening address is an IP address or a host name, and a port; a name is resolved
+    /// only when the configuration is built. Before, a name was refused.
+    #[test]
+    fn listen_addresses_take_host_names() {
+        let ip: ListenAddr = "127.0.0.1:8080".parse().unwrap();
+        assert_eq!(ip, ListenAddr::Ip("127.0.0.1:8080".parse().unwrap()));
+        assert!(matches!("[::1]:0".parse(), Ok(ListenAddr::Ip(addr)) if addr.is_ipv6()));
+        for (text, name, port) in [
+            ("localhost:8130", "localhost", 8130),
+            (" localhost:0 ", "localhost", 0),
+            ("gw-1.internal.example:443", "gw-1.internal.example", 443),
+        ] {
+            let parsed: ListenAddr = text.parse().unwrap();
+            assert_eq!(
+                parsed,
+                ListenAddr::Name {
+                    host: name.to_owned(),
+                    port
+                },
+                "{text}"
+            );
+            assert_eq!(parsed.to_string(), format!("{name}:{port}"));
+        }
+        for bad in [
+            "localhost",
+            "8080",
+            ":8080",
+            "localhost:",
+            "localhost:65536",
+            "localhost:-1",
+            "local host:80",
+            "local_host:80",
+            "-bad:80",
+            "a..b:80",
+            "127.1:80",
+            "1.2.3:80",
+            "0x7f.1:80",
+            "::1:80",
+            "[::1]:80:80",
+            "",
+        ] {
+            let err = bad.parse::<ListenAddr>().unwrap_err();
+            assert!(err.starts_with("invalid address"), "{bad}: {err}");
+        }
+        let long = format!("{}:80", "a".repeat(64));
+        assert!(long.parse::<ListenAddr>().is_err());
+    }
+
+    #[test]
+    fn a_listening_host_name_resolves_to_its_first_address() {
+        let name: ListenAddr = "localhost:0".parse().unwrap();
+        let addr = name.resolve().unwrap();
+        assert!(addr.ip().is_loopback() && addr.port() == 0, "{addr}");
+        let ip: ListenAddr = "0.0.0.0:9".parse().unwrap();
+        assert_eq!(ip.resolve().unwrap(), "0.0.0.0:9".parse().unwrap());
+    }
+
     #[test]
     fn upstreams() {
         let url: UpstreamUrl = "http://127.0.0.1:3000".parse().unwrap();
@@ -648,8 +822,17 @@ mod tests {
         assert!("http://127.0.0.1:3000/".parse::<UpstreamUrl>().is_ok());
         assert!("http://[::1]:8080".parse::<UpstreamUrl>().is_ok());
         assert!("http://localhost".parse::<UpstreamUrl>().is_ok());
+        let url: UpstreamUrl = "https://api.example.com".parse().unwrap();
+        assert!(url.is_https());
+        assert_eq!((url.host(), url.port()), ("api.example.com", 443));
+        let url: UpstreamUrl = "https://[::1]:8443".parse().unwrap();
+        assert_eq!((url.host(), url.port()), ("::1", 8443));
+        let url: UpstreamUrl = "http://[::1]".parse().unwrap();
+        assert!(!url.is_https());
+        assert_eq!((url.host(), url.port()), ("::1", 80));
         for bad in [
-            "https://x",
+            "https://a..b",
+            "ws://x",
             "127.0.0.1:3000",
             "http://h/base",
             "ftp://h",
