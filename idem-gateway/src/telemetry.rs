@@ -27,7 +27,10 @@ pub(crate) fn init_logs(config: &LogConfig) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // A log line that cannot be written (stderr closed: `idem serve 2>&1 | head`) is
+        // dropped; reporting it would write to the same closed stderr, and `eprintln!` panics.
+        .log_internal_errors(false);
     let _ = match config.format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
