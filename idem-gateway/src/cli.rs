@@ -87,6 +87,7 @@ impl OverrideArgs {
             lease: self.lease.clone(),
             admin_listen: self.admin_listen.clone(),
             admin_token: self.admin_token.clone(),
+            scope_secret: std::env::var("IDEM_SCOPE_SECRET").ok(),
             no_admin: self.no_admin,
         }
     }

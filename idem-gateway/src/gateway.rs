@@ -23,7 +23,7 @@ use tower_service::Service;
 
 use crate::body::{GatewayBody, RequestBody, boxed, full};
 use crate::config::toml::{KeyMode, OnStoreError};
-use crate::config::{Config, GatewayConfigError, RoutePath, RouteSettings, ScopeSpec};
+use crate::config::{Config, GatewayConfigError, RoutePath, RouteSettings, ScopeSpec, StoreConfig};
 use crate::normal_path::{NormalPath, PathError, unambiguous};
 use crate::proxy::{ClientAddr, Proxy, ProxyError, Tracker};
 use crate::request_head::{HeadError, HeadPolicy};
@@ -63,16 +63,17 @@ pub(crate) mod metric {
 /// [`idem_http::LayerConfigError`] when the layer refuses a setting.
 pub(crate) fn layer_config(
     settings: &RouteSettings,
-    store_label: &'static str,
+    store: &StoreConfig,
 ) -> Result<idem_http::Config, idem_http::LayerConfigError> {
-    layer_builder(settings, store_label)?.build()
+    layer_builder(settings, store)?.build()
 }
 
 /// The idem-http settings of a route, to build (with the gateway's rejection handler, say).
 fn layer_builder(
     settings: &RouteSettings,
-    store_label: &'static str,
+    store: &StoreConfig,
 ) -> Result<idem_http::ConfigBuilder, idem_http::LayerConfigError> {
+    let store_label = store.spec.kind();
     let mut builder = idem_http::Config::builder()
         .header_name(settings.header.as_str())?
         .methods(settings.methods.iter().cloned())
@@ -93,7 +94,11 @@ fn layer_builder(
         })
         .strict(settings.strict_keys)
         .store_label(store_label)
-        .log_keys(settings.log_keys);
+        .log_keys(settings.log_keys)
+        .fingerprint_host(settings.fingerprint_host);
+    if let Some(secret) = &store.scope_secret {
+        builder = builder.scope_secret(&secret.0)?;
+    }
     builder = match &settings.scope {
         ScopeSpec::Authorization => builder.scope_by_authorization(),
         ScopeSpec::Header(name) => builder.scope_by_header(name)?,
@@ -119,7 +124,7 @@ fn layer_builder(
 /// [`GatewayConfigError`] naming the route whose settings the layer refuses.
 pub(crate) fn check_routes(config: &Config) -> Result<(), GatewayConfigError> {
     for route in &config.routes {
-        layer_config(&route.settings, config.store.spec.kind()).map_err(|err| {
+        layer_config(&route.settings, &config.store).map_err(|err| {
             GatewayConfigError::new(None, format!("route {:?}: {err}", route.name))
         })?;
     }
@@ -193,11 +198,10 @@ impl Gateway {
         tracker: Tracker,
     ) -> Result<Self, GatewayConfigError> {
         let proxy = Proxy::new(config.require_upstream()?, tracker);
-        let label = config.store.spec.kind();
         let mut routes = Vec::with_capacity(config.routes.len());
         for route in &config.routes {
             let service = if route.settings.enabled {
-                let layer_config = layer_builder(&route.settings, label)
+                let layer_config = layer_builder(&route.settings, &config.store)
                     .and_then(|builder| {
                         builder
                             .rejection_handler(UpstreamRejections {

@@ -6,8 +6,16 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// Runs `idem` with `args`, without any IDEM_* variable of the caller's environment.
+/// Runs `idem` with `args`, without any IDEM_* variable of the caller's environment but a
+/// scope secret (whose absence is a warning of its own: [`no_scope_secret_is_warned_about`]).
 fn idem(args: &[&str]) -> Output {
+    idem_with(args, &[("IDEM_SCOPE_SECRET", SCOPE_SECRET)])
+}
+
+const SCOPE_SECRET: &str = "a scope secret of the tests";
+
+/// [`idem`] with exactly the IDEM_* variables `vars`.
+fn idem_with(args: &[&str], vars: &[(&str, &str)]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_idem"));
     command.args(args).env("RUST_BACKTRACE", "0");
     for (name, _) in std::env::vars() {
@@ -15,7 +23,65 @@ fn idem(args: &[&str]) -> Output {
             command.env_remove(name);
         }
     }
+    command.envs(vars.iter().copied());
     command.output().expect("run idem")
+}
+
+/// Without a scope secret, `check-config` warns that scopes are unkeyed hashes (on a config
+/// whose routes scope by anything); with one, from the environment or a file, it does not. A
+/// secret that is too short, unreadable, or given both ways is refused.
+#[test]
+fn no_scope_secret_is_warned_about() {
+    let config = file(
+        "scope-secret.toml",
+        "[upstream]\nurl = \"http://127.0.0.1:3000\"\n",
+    );
+    let warned = idem_with(&["check-config", path(&config)], &[]);
+    assert!(warned.status.success());
+    let stderr = String::from_utf8_lossy(&warned.stderr);
+    assert!(stderr.contains("no scope secret"), "{stderr}");
+    let quiet = idem(&["check-config", path(&config)]);
+    assert!(!String::from_utf8_lossy(&quiet.stderr).contains("no scope secret"));
+    let unscoped = file(
+        "scope-none.toml",
+        "[upstream]\nurl = \"http://127.0.0.1:3000\"\n[idempotency]\nscope = \"none\"\n",
+    );
+    let none = idem_with(&["check-config", path(&unscoped)], &[]);
+    assert!(!String::from_utf8_lossy(&none.stderr).contains("no scope secret"));
+    let secret = file("scope.secret", "0123456789abcdef0123\n");
+    let from_file = file(
+        "scope-file.toml",
+        &format!(
+            "[upstream]\nurl = \"http://127.0.0.1:3000\"\n[store]\nscope_secret_file = {:?}\n",
+            path(&secret)
+        ),
+    );
+    let filed = idem_with(&["check-config", path(&from_file)], &[]);
+    assert!(filed.status.success(), "{filed:?}");
+    assert!(!String::from_utf8_lossy(&filed.stderr).contains("no scope secret"));
+    assert_one_line_error(
+        &idem(&["check-config", path(&from_file)]),
+        &["scope_secret_file", "IDEM_SCOPE_SECRET", "keep one"],
+    );
+    assert_one_line_error(
+        &idem_with(
+            &["check-config", path(&config)],
+            &[("IDEM_SCOPE_SECRET", "short")],
+        ),
+        &["at least 16 bytes"],
+    );
+    let missing = file(
+        "scope-missing.toml",
+        "[upstream]\nurl = \"http://127.0.0.1:3000\"\n[store]\nscope_secret_file = \"/nonexistent/secret\"\n",
+    );
+    assert_one_line_error(
+        &idem_with(&["check-config", path(&missing)], &[]),
+        &["cannot read scope_secret_file"],
+    );
+    // The secret itself is never shown.
+    let shown = idem(&["check-config", "--json", path(&config)]);
+    let out = String::from_utf8_lossy(&shown.stdout);
+    assert!(!out.contains(SCOPE_SECRET), "{out}");
 }
 
 /// Writes `text` to a fresh file named `name` in a temporary directory of this test.

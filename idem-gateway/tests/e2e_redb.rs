@@ -24,7 +24,8 @@ async fn a_response_stored_in_redb_is_replayed_after_kill_9_and_restart() {
         "127.0.0.1:0",
         "--no-admin",
     ];
-    let http = Http::new();
+    // One name for both processes (each listens on a port of its own).
+    let http = Http::behind("idem.test");
 
     let (mut first, addr) = spawn_gateway(&args);
     let reply = http

@@ -142,3 +142,58 @@ fn scopes_and_body_timeouts_are_parsed_and_checked() {
         assert!(error.contains(says), "{bad}: {error}");
     }
 }
+
+/// Under `scope = "cookie:session"`, a `Session=` cookie (another name: case counts) is not
+/// the configured cookie, yet two such requests with different values are two principals:
+/// the second runs, never gets the first's response (before, both fell into the shared "no
+/// cookie" scope). The same without any cookie scope: an unscoped route but for `none`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_the_scope_does_not_name_never_share_a_record() {
+    let fixture = Fixture::start();
+    let route = "[[route]]\npath = \"/echo\"\nscope = \"cookie:session\"\n";
+    let gateway = Gateway::start(&config(fixture.addr, route)).await;
+    let http = Http::new();
+    let a = pay(&http, &gateway, &[("cookie", "Session=aaa")]).await;
+    let b = pay(&http, &gateway, &[("cookie", "Session=bbb")]).await;
+    assert_eq!((a.status, b.status), (201, 201));
+    assert!(!b.replayed(), "B got A's response");
+    let again = pay(&http, &gateway, &[("cookie", "Session=aaa")]).await;
+    assert!(again.replayed());
+    assert_eq!(fixture.count().await, 2);
+}
+
+/// The same key through another `Host` is a 422, never the other host's response (an
+/// upstream that serves tenants by host); the host's case does not count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_made_through_one_host_is_not_replayed_through_another() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config(fixture.addr, "")).await;
+    let http = Http::new();
+    let one = pay(&http, &gateway, &[("host", "tenant-a.example")]).await;
+    assert_eq!(one.status, 201);
+    let same = pay(&http, &gateway, &[("host", "Tenant-A.example")]).await;
+    assert!(same.replayed());
+    let other = pay(&http, &gateway, &[("host", "tenant-b.example")]).await;
+    assert_eq!(other.status, 422, "{}", other.text());
+    assert_eq!(fixture.count().await, 1);
+}
+
+/// With a scope secret, the scope of `Authorization: Bearer AAA` is not its plain SHA-256,
+/// which anyone could compute from a guessed token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scope_secret_keys_the_stored_scope() {
+    let fixture = Fixture::start();
+    let overrides = Overrides {
+        scope_secret: Some("0123456789abcdef-of-this-test".to_owned()),
+        ..Overrides::default()
+    };
+    let config = common::config_with(fixture.addr, "", &overrides);
+    let gateway = Gateway::start(&config).await;
+    let http = Http::new();
+    let reply = pay(&http, &gateway, &[("authorization", "Bearer AAA")]).await;
+    assert_eq!(reply.status, 201);
+    let key = IdempotencyKey::new("k").unwrap();
+    let plain = RecordKey::new(idem_core::Scope::from_secret(b"Bearer AAA"), key.clone());
+    assert!(gateway.store.get(&plain).await.unwrap().is_none());
+    assert_eq!(gateway.store.len(), 1);
+}

@@ -50,7 +50,7 @@ use idem_core::Scope;
 
 use crate::fields::is_connection_or_framing;
 use crate::rejection::{ProblemJson, RejectionHandler};
-use crate::scope::{InvalidScope, ScopePart, ScopeSource};
+use crate::scope::{InvalidScope, ScopePart, ScopeSecret, ScopeSource};
 
 /// 1 MiB.
 const MIB: usize = 1024 * 1024;
@@ -86,6 +86,9 @@ pub enum LayerConfigError {
     InvalidCookieName(String),
     /// A combined scope of no source ([`ConfigBuilder::no_scope`] is the way to say none).
     EmptyScope,
+    /// A scope secret shorter than [`ScopeSecret::MIN_LEN`](crate::scope::ScopeSecret::MIN_LEN)
+    /// bytes.
+    ShortScopeSecret,
 }
 
 impl fmt::Display for LayerConfigError {
@@ -105,6 +108,11 @@ impl fmt::Display for LayerConfigError {
             LayerConfigError::EmptyScope => {
                 f.write_str("a combined scope needs at least one source (or no scope at all)")
             }
+            LayerConfigError::ShortScopeSecret => write!(
+                f,
+                "a scope secret must be at least {} bytes",
+                crate::scope::ScopeSecret::MIN_LEN
+            ),
         }
     }
 }
@@ -144,6 +152,8 @@ pub struct Config {
     pub(crate) methods: Vec<Method>,
     pub(crate) key_policy: KeyPolicy,
     scope: ScopeSource,
+    scope_secret: Option<ScopeSecret>,
+    pub(crate) fingerprint_host: bool,
     pub(crate) lease: Duration,
     pub(crate) heartbeat: Duration,
     pub(crate) retention: Duration,
@@ -168,6 +178,8 @@ impl fmt::Debug for Config {
             .field("methods", &self.methods)
             .field("key_policy", &self.key_policy)
             .field("scope", &self.scope)
+            .field("scope_secret", &self.scope_secret)
+            .field("fingerprint_host", &self.fingerprint_host)
             .field("lease", &self.lease)
             .field("heartbeat", &self.heartbeat)
             .field("retention", &self.retention)
@@ -194,6 +206,8 @@ impl Default for Config {
             methods: vec![Method::POST, Method::PATCH],
             key_policy: KeyPolicy::Optional,
             scope: ScopeSource::Secret(header::AUTHORIZATION),
+            scope_secret: None,
+            fingerprint_host: true,
             lease: Duration::from_secs(30),
             heartbeat: DEFAULT_HEARTBEAT,
             retention: Duration::from_secs(24 * 60 * 60),
@@ -329,7 +343,7 @@ impl Config {
 
     /// The scope of a request.
     pub(crate) fn scope_of(&self, parts: &request::Parts) -> Result<Scope, InvalidScope> {
-        self.scope.scope_of(parts)
+        self.scope.scope_of(parts, self.scope_secret.as_ref())
     }
 }
 
@@ -449,6 +463,28 @@ impl ConfigBuilder {
         derive: impl Fn(&request::Parts) -> Option<Scope> + Send + Sync + 'static,
     ) -> Self {
         self.config.scope = ScopeSource::Custom(Arc::new(derive));
+        self
+    }
+
+    /// Keys the hash of a credential scope (HMAC-SHA256 under `secret`, at least 16 bytes)
+    /// instead of a plain SHA-256 of the credential, which anyone who sees a scope (in a log, an
+    /// admin page, the store) could check guessed credentials against offline. Every layer of
+    /// one store must use the same secret; setting or changing it gives every credential a new
+    /// scope, so records made before are not found by its retries.
+    ///
+    /// # Errors
+    /// [`LayerConfigError::ShortScopeSecret`].
+    pub fn scope_secret(mut self, secret: &[u8]) -> Result<Self, LayerConfigError> {
+        self.config.scope_secret = Some(ScopeSecret::new(secret)?);
+        Ok(self)
+    }
+
+    /// Whether the request's host (its `Host`, or the authority of an HTTP/2 request, in lower
+    /// case) is part of its fingerprint (default: yes), so that a key used through one host
+    /// and then another is a 422, never the first host's response: an upstream that serves
+    /// tenants by host keeps their records apart.
+    pub fn fingerprint_host(mut self, on: bool) -> Self {
+        self.config.fingerprint_host = on;
         self
     }
 

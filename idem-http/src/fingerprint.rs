@@ -35,6 +35,45 @@ pub fn request_fingerprint(method: &Method, uri: &Uri, body: &[u8]) -> Fingerpri
         .finish()
 }
 
+/// [`request_fingerprint`] with the request's host as one more part: `host` is its `Host`
+/// (or the authority of an HTTP/2 request), in lower case. With `None`, the same as
+/// [`request_fingerprint`].
+#[must_use]
+pub fn request_fingerprint_with_host(
+    method: &Method,
+    uri: &Uri,
+    host: Option<&str>,
+    body: &[u8],
+) -> Fingerprint {
+    let Some(host) = host else {
+        return request_fingerprint(method, uri, body);
+    };
+    let path_and_query = uri.path_and_query().map_or("/", |pq| pq.as_str());
+    Fingerprint::builder()
+        .part(method.as_str().as_bytes())
+        .part(path_and_query.as_bytes())
+        .part(body)
+        .part(b"host")
+        .part(host.as_bytes())
+        .finish()
+}
+
+/// The host a request was sent to, in lower case: its `Host` header, else the authority of
+/// its URI (an HTTP/2 request's `:authority`); `None` when it names none (an HTTP/1.0 request
+/// without `Host`) or the `Host` is not text.
+#[must_use]
+pub fn request_host(parts: &http::request::Parts) -> Option<std::borrow::Cow<'_, str>> {
+    let host = match parts.headers.get(http::header::HOST) {
+        Some(value) => value.to_str().ok()?,
+        None => parts.uri.authority()?.as_str(),
+    };
+    Some(if host.bytes().any(|b| b.is_ascii_uppercase()) {
+        std::borrow::Cow::Owned(host.to_ascii_lowercase())
+    } else {
+        std::borrow::Cow::Borrowed(host)
+    })
+}
+
 /// The fingerprint of a request whose body arrives as `body`: read as the layer reads it (up
 /// to `limit` bytes, de-chunked), then [`request_fingerprint`]. `None` if the body is over the
 /// limit or fails. For the fuzz targets (the `fuzzing` feature); not a stable API.

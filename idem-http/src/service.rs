@@ -26,7 +26,7 @@ use crate::config::{Config, KeyPolicy, StoreFailure};
 use crate::context::IdempotencyContext;
 use crate::detach::Detached;
 use crate::fields;
-use crate::fingerprint::request_fingerprint;
+use crate::fingerprint::{request_fingerprint_with_host, request_host};
 use crate::future::ResponseFuture;
 use crate::header::parse_header;
 use crate::layer::Shared;
@@ -240,7 +240,17 @@ async fn process<S, ReqBody, ResBody>(
         // The caller went away before its request was claimed: nothing ran, nothing to settle.
         return;
     }
-    let fingerprint = request_fingerprint(&parts.method, fingerprinted_uri(&parts), &bytes);
+    let host = if config.fingerprint_host {
+        request_host(&parts)
+    } else {
+        None
+    };
+    let fingerprint = request_fingerprint_with_host(
+        &parts.method,
+        fingerprinted_uri(&parts),
+        host.as_deref(),
+        &bytes,
+    );
     // The owner is chosen here, so that a claim whose answer is lost can be sent again to learn
     // whether it was granted ([`release_if_granted`]).
     let claim = ClaimRequest::new(key, fingerprint, config.lease).with_owner(OwnerToken::random());

@@ -751,6 +751,34 @@ async fn a_covered_method_in_another_case_is_refused_never_run() {
     assert_eq!(app.count(), 2);
 }
 
+/// A key used through one host and then another is a 422, never the first host's response
+/// (an upstream that serves tenants by host); with `fingerprint_host(false)`, a replay.
+#[tokio::test]
+async fn a_key_sent_to_another_host_is_a_mismatch_unless_hosts_are_not_fingerprinted() {
+    for (fingerprinted, second) in [
+        (true, StatusCode::UNPROCESSABLE_ENTITY),
+        (false, StatusCode::OK),
+    ] {
+        let config = Config::builder().fingerprint_host(fingerprinted);
+        let app = App::counting(MemoryStore::new(), config).await;
+        let key = ("idempotency-key", "k");
+        let first = app
+            .send(Method::POST, "/run", &[key, ("host", "a.example")], "")
+            .await;
+        assert_eq!(first.status, StatusCode::OK);
+        // Case does not make another host.
+        let again = app
+            .send(Method::POST, "/run", &[key, ("host", "A.example")], "")
+            .await;
+        assert_eq!(again.body, first.body);
+        let other = app
+            .send(Method::POST, "/run", &[key, ("host", "b.example")], "")
+            .await;
+        assert_eq!(other.status, second, "fingerprinted: {fingerprinted}");
+        assert_eq!(app.count(), 1);
+    }
+}
+
 #[tokio::test]
 async fn a_handler_error_releases_the_claim() {
     use tower::{Service, ServiceExt, service_fn};
@@ -835,11 +863,18 @@ async fn the_axum_extractor_hands_over_key_and_fence() {
     let _ = Body::empty();
 }
 
-/// The fingerprint and record key of `POST /run` with an empty body and the key `k`, as the
-/// layer computes them (no `Authorization`: no scope).
-fn run_key() -> (RecordKey, idem_core::Fingerprint) {
+/// The fingerprint and record key of `POST /run` with an empty body and the key `k` sent to
+/// `app`, as the layer computes them (no `Authorization`: no scope; the app's address as the
+/// host).
+fn run_key(app: &App) -> (RecordKey, idem_core::Fingerprint) {
     let uri: http::Uri = "/run".parse().unwrap();
-    let fingerprint = idem_http::fingerprint::request_fingerprint(&Method::POST, &uri, b"");
+    let host = app.addr.to_string();
+    let fingerprint = idem_http::fingerprint::request_fingerprint_with_host(
+        &Method::POST,
+        &uri,
+        Some(&host),
+        b"",
+    );
     let key = RecordKey::unscoped(idem_core::IdempotencyKey::new("k").unwrap());
     (key, fingerprint)
 }
@@ -864,7 +899,7 @@ async fn a_crashed_holders_claim_is_taken_over_after_its_lease() {
     })
     .await;
     // Another process claimed the key, then died without settling it.
-    let (key, fingerprint) = run_key();
+    let (key, fingerprint) = run_key(&app);
     let crashed = store
         .claim(&ClaimRequest::new(
             key,
@@ -902,7 +937,7 @@ async fn an_unreadable_stored_response_is_500_and_never_a_panic() {
 
     let store = MemoryStore::new();
     let app = App::counting(store.clone(), Config::builder()).await;
-    let (key, fingerprint) = run_key();
+    let (key, fingerprint) = run_key(&app);
     let now = SystemClock.now();
     store.put_raw(Record {
         key,

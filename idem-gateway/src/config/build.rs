@@ -14,8 +14,8 @@ use toml::Spanned;
 
 use super::GatewayConfigError;
 use super::internal::{
-    AdminConfig, Config, LogConfig, Origin, Overrides, ServerConfig, StoreConfig, UpstreamConfig,
-    defaults,
+    AdminConfig, Config, LogConfig, Origin, Overrides, ScopeSecretBytes, ServerConfig, StoreConfig,
+    UpstreamConfig, defaults,
 };
 use super::lint;
 use super::routes::route_configs;
@@ -184,6 +184,9 @@ impl Config {
                 &upstream_section,
                 origin,
             )?;
+        }
+        if store.scope_secret.is_none() {
+            lint::unkeyed_scopes(&routes, &mut warnings);
         }
         Ok(Config {
             server,
@@ -436,6 +439,7 @@ fn store_config(
     origin: &Origin,
     backends: Backends,
 ) -> Result<StoreConfig, GatewayConfigError> {
+    let scope_secret = scope_secret(&store, overrides, origin)?;
     let namespace = match &store.namespace {
         Some(spanned) => {
             let ns = spanned.get_ref();
@@ -504,8 +508,50 @@ fn store_config(
         namespace,
         memory_capacity,
         memory_max_bytes,
+        scope_secret,
     };
     Ok(store)
+}
+
+/// The scope secret: `IDEM_SCOPE_SECRET`, or the content of `[store] scope_secret_file`
+/// (without a trailing newline), at least [`idem_http::scope::ScopeSecret::MIN_LEN`] bytes;
+/// not both.
+fn scope_secret(
+    store: &StoreSection,
+    overrides: &Overrides,
+    origin: &Origin,
+) -> Result<Option<ScopeSecretBytes>, GatewayConfigError> {
+    let min = idem_http::scope::ScopeSecret::MIN_LEN;
+    let (bytes, at, what) = match (&overrides.scope_secret, &store.scope_secret_file) {
+        (Some(_), Some(file)) => {
+            return Err(origin.error_at(
+                Some(file.span().start),
+                "scope_secret_file is set and so is IDEM_SCOPE_SECRET: keep one",
+            ));
+        }
+        (Some(secret), None) => (secret.as_bytes().to_vec(), None, "IDEM_SCOPE_SECRET"),
+        (None, Some(file)) => {
+            let at = Some(file.span().start);
+            let mut bytes = std::fs::read(file.get_ref()).map_err(|err| {
+                origin.error_at(
+                    at,
+                    format!("cannot read scope_secret_file {:?}: {err}", file.get_ref()),
+                )
+            })?;
+            while bytes.last().is_some_and(|b| matches!(b, b'\n' | b'\r')) {
+                bytes.pop();
+            }
+            (bytes, at, "scope_secret_file")
+        }
+        (None, None) => return Ok(None),
+    };
+    if bytes.len() < min {
+        return Err(origin.error_at(
+            at,
+            format!("the scope secret of {what} must be at least {min} bytes"),
+        ));
+    }
+    Ok(Some(ScopeSecretBytes(bytes)))
 }
 
 /// `[admin]`, unless disabled; it may not share the gateway's port.

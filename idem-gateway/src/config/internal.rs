@@ -106,6 +106,8 @@ pub struct Overrides {
     pub admin_listen: Option<String>,
     /// `--admin-token` / `IDEM_ADMIN_TOKEN`.
     pub admin_token: Option<String>,
+    /// `IDEM_SCOPE_SECRET` (no flag: a secret on the command line is in every process list).
+    pub scope_secret: Option<String>,
     /// `--no-admin`: no admin listener.
     pub no_admin: bool,
 }
@@ -189,6 +191,19 @@ pub struct StoreConfig {
     pub memory_capacity: NonZeroUsize,
     /// The memory store's byte budget.
     pub memory_max_bytes: NonZeroUsize,
+    /// The secret credential scopes are hashed with (`IDEM_SCOPE_SECRET` or `[store]
+    /// scope_secret_file`), if any.
+    pub scope_secret: Option<ScopeSecretBytes>,
+}
+
+/// The bytes of a scope secret. Never shown: its `Debug` says only how long it is.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ScopeSecretBytes(pub(crate) Vec<u8>);
+
+impl std::fmt::Debug for ScopeSecretBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ScopeSecretBytes({} bytes)", self.0.len())
+    }
 }
 
 /// The admin listener.
@@ -268,6 +283,8 @@ pub struct RouteSettings {
     pub deny_headers: Vec<HeaderName>,
     /// Whether logs carry keys as sent.
     pub log_keys: bool,
+    /// Whether the request's host is part of its fingerprint.
+    pub fingerprint_host: bool,
 }
 
 /// Where the configuration came from, to turn byte offsets into `file:line:column`.
@@ -342,6 +359,7 @@ impl Default for RouteSettings {
             allow_headers: Vec::new(),
             deny_headers: Vec::new(),
             log_keys: true,
+            fingerprint_host: true,
         }
     }
 }

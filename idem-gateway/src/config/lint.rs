@@ -83,6 +83,24 @@ pub(super) fn unused_ca_file(
     );
 }
 
+/// Warns that credential scopes are plain SHA-256 hashes when no scope secret is set and a
+/// route scopes by anything: a scope shown in the admin pages, the key API or the store can
+/// then be checked offline against guessed credentials (a Basic password, a short token).
+pub(super) fn unkeyed_scopes(routes: &[super::Route], warnings: &mut Warnings) {
+    let scoped = routes.iter().any(|route| {
+        route.settings.enabled && !matches!(route.settings.scope, super::ScopeSpec::None)
+    });
+    if scoped {
+        warnings.push(ConfigWarning(GatewayConfigError::new(
+            None,
+            "no scope secret: scopes are unkeyed SHA-256 hashes of credentials, which anyone who \
+             sees one (the admin pages, the key API, the store) can check guessed credentials \
+             against offline. Set IDEM_SCOPE_SECRET or [store] scope_secret_file (at least 16 \
+             bytes, the same on every gateway of the store)",
+        )));
+    }
+}
+
 /// Refuses an admin listener that other machines can reach without a token.
 ///
 /// # Errors

@@ -128,6 +128,7 @@ fn settings(
         allow_headers,
         deny_headers,
         log_keys: section.log_keys.unwrap_or(parent.log_keys),
+        fingerprint_host: section.fingerprint_host.unwrap_or(parent.fingerprint_host),
     })
 }
 

@@ -95,6 +95,8 @@ pub(crate) struct StoreSection {
     pub memory_capacity: Option<Spanned<usize>>,
     /// The most bytes the memory store's records hold.
     pub memory_max_bytes: Option<Spanned<ByteSize>>,
+    /// A file whose content keys the hash of credential scopes (else `IDEM_SCOPE_SECRET`).
+    pub scope_secret_file: Option<Spanned<String>>,
 }
 
 /// `[admin]`.
@@ -202,4 +204,6 @@ pub(crate) struct RouteSection {
     pub deny_headers: Option<Spanned<Vec<String>>>,
     /// Whether logs carry keys as sent (`true`) or only their digest.
     pub log_keys: Option<bool>,
+    /// Whether the request's host is part of its fingerprint.
+    pub fingerprint_host: Option<bool>,
 }

@@ -105,7 +105,7 @@ pub async fn section_5_basics(store: &str) {
         .await
         .unwrap();
     let echo = format!("http://{}/echo", running.listen);
-    let http = Http::new();
+    let http = Http::behind("idem.test");
     let first = http.post_key(&echo, "k1", "a").await;
     assert_eq!(first.status, 201, "{}", first.text());
     assert!(!first.replayed());
@@ -134,7 +134,7 @@ pub async fn section_5_basics(store: &str) {
 pub async fn two_gateways_200_concurrent_same_key_requests_execute_once(name: &str, store: &str) {
     let fixture = Fixture::start();
     let [(_a, addr_a), (_b, addr_b)] = two_gateways(name, store, [fixture.addr; 2], &[]);
-    let http = Http::new();
+    let http = Http::behind("idem.test");
     let mut tasks = Vec::new();
     for i in 0..200 {
         let http = http.clone();
@@ -192,7 +192,7 @@ pub async fn a_gateway_killed_mid_request_is_taken_over_after_the_lease(
     let fixture = Fixture::start();
     let [(mut a, addr_a), (_b, addr_b)] =
         two_gateways(name, store, [fixture.addr; 2], &["--lease", "2s"]);
-    let http = Http::new();
+    let http = Http::behind("idem.test");
     let url_a = format!("http://{addr_a}/slow?ms=3000");
     let url_b = format!("http://{addr_b}/slow?ms=3000");
     let pending = tokio::spawn({
@@ -444,7 +444,7 @@ pub async fn a_killed_gateways_late_attempt_is_refused_by_a_fenced_upstream(
     let mut gate = Gate::start(upstream.addr).await;
     let [(mut a, addr_a), (_b, addr_b)] =
         two_gateways(name, store, [gate.addr, upstream.addr], &["--lease", "2s"]);
-    let http = Http::new();
+    let http = Http::behind("idem.test");
     let (key, body) = ("fenced", "10 EUR");
     let pending = tokio::spawn({
         let http = http.clone();
