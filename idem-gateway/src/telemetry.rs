@@ -19,6 +19,13 @@ use crate::config::LogConfig;
 use crate::config::toml::LogFormat;
 use crate::gateway::metric as gateway;
 
+/// The buckets of every duration histogram, in seconds: 0.5 ms (a replay from memory) to 60 s
+/// (the default upstream timeout).
+const DURATION_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+
 /// Installs the log subscriber (once per process; later calls do nothing).
 pub(crate) fn init_logs(config: &LogConfig) {
     let filter = EnvFilter::try_from_default_env()
@@ -219,7 +226,12 @@ impl<R: Recorder> Recorder for Tap<R> {
 /// installed already). The caller runs the handle's upkeep.
 #[must_use]
 pub fn install_prometheus() -> Option<PrometheusHandle> {
-    let recorder = PrometheusBuilder::new().build_recorder();
+    // Buckets make every histogram a Prometheus histogram, which sums across gateways; the
+    // exporter's default, a summary, has quantiles no query can combine.
+    let recorder = PrometheusBuilder::new()
+        .set_buckets(DURATION_BUCKETS)
+        .ok()?
+        .build_recorder();
     let handle = recorder.handle();
     metrics::set_global_recorder(Tap::new(recorder)).ok()?;
     TAPPED.store(true, Ordering::Relaxed);

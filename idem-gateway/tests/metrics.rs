@@ -131,6 +131,18 @@ async fn every_metric_is_exported_from_the_start_and_counts_requests() {
     )
     .await;
     assert_eq!(conflicts, Some(1.0), "{text}");
+    // Durations are histograms (buckets add up across gateways), not summaries.
+    assert!(
+        text.contains(
+            "idem_gateway_request_duration_seconds_bucket{route=\"default\",le=\"0.005\"}"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("idem_store_operation_seconds_bucket{"),
+        "{text}"
+    );
+    assert!(!text.contains("quantile=\""), "a summary in:\n{text}");
 }
 
 /// A request whose upstream call fails (502 here; a 504 goes the same way) is counted by its
@@ -184,6 +196,15 @@ async fn requests_refused_before_any_route_are_counted_by_reason() {
         ("idem_gateway_refused_total{reason=\"host\"}", 2.0),
         ("idem_gateway_refused_total{reason=\"above_root\"}", 1.0),
         ("idem_gateway_refused_total{reason=\"no_path\"}", 0.0),
+        ("idem_gateway_refused_total{reason=\"ambiguous_path\"}", 0.0),
+        (
+            "idem_gateway_refused_total{reason=\"too_many_headers\"}",
+            0.0,
+        ),
+        (
+            "idem_gateway_refused_total{reason=\"transfer_coding\"}",
+            0.0,
+        ),
     ] {
         let (value, text) = metric_value(&http, &admin, series).await;
         assert_eq!(value, Some(expected), "{series} in:\n{text}");

@@ -1,12 +1,15 @@
 //! [`RecentDurations`]: how long the layer's requests held their key lately, to tell a
 //! duplicate answered 409 when to come back.
 //!
-//! The rule (`Retry-After` of a 409, DESIGN.md section 5): the layer keeps a moving average of
-//! how long its requests held their key, from the claim to the stored response or the release
-//! (an exponentially weighted average, each new duration weighing a quarter). A duplicate is
-//! told that average minus how long the original has run, bounded by the time left on the
-//! original's lease, and at least one second (`Retry-After` is in whole seconds, rounded up).
-//! With no history yet, it is the time left on the lease. How long the original has run is read
+//! The rule (`Retry-After` of a 409): the layer keeps a moving average of how long its requests
+//! held their key, from the claim to the stored response or the release (an exponentially
+//! weighted average, each new duration weighing a quarter). A duplicate is told that average
+//! minus how long the original has run. When the original has already run longer than the
+//! average (or there is no history yet), the average says nothing about it: the duplicate is
+//! told the original's age instead (a request that has run 4 s is likely to need about as
+//! long again), so a slow request's duplicates come back less and less often rather than
+//! every second. Either is bounded by the time left on the original's lease, and at least one
+//! second (`Retry-After` is in whole seconds, rounded up). How long the original has run is read
 //! from its lease: the lease minus the time left on it, which is exact until the original's
 //! first heartbeat and a lower bound after it (a heartbeat renews the lease), so a long
 //! request's estimate may come late but never after its lease.
@@ -40,14 +43,10 @@ impl RecentDurations {
     /// When a duplicate should come back, given the lease of the original (`lease`) and the
     /// time left on it (`lease_left`).
     pub(crate) fn retry_after(&self, lease: Duration, lease_left: Duration) -> Duration {
-        let average = self.average_micros.load(Ordering::Relaxed);
-        if average == 0 {
-            return lease_left;
-        }
+        let average = Duration::from_micros(self.average_micros.load(Ordering::Relaxed));
         let ran = lease.saturating_sub(lease_left);
-        Duration::from_micros(average)
-            .saturating_sub(ran)
-            .min(lease_left)
+        let estimate = if average > ran { average - ran } else { ran };
+        estimate.min(lease_left)
     }
 }
 
@@ -62,9 +61,13 @@ mod tests {
     }
 
     #[test]
-    fn no_history_gives_the_lease_left() {
+    fn no_history_gives_the_originals_age() {
         let recent = RecentDurations::default();
-        assert_eq!(recent.retry_after(LEASE, secs(29)), secs(29));
+        assert_eq!(recent.retry_after(LEASE, secs(26)), secs(4));
+        // Just started: the header says 1.
+        assert_eq!(recent.retry_after(LEASE, LEASE), Duration::ZERO);
+        // Bounded by the lease left.
+        assert_eq!(recent.retry_after(LEASE, secs(10)), secs(10));
     }
 
     #[test]
@@ -73,8 +76,8 @@ mod tests {
         recent.record(secs(5));
         // The original started 1 s ago: 4 s to go.
         assert_eq!(recent.retry_after(LEASE, secs(29)), secs(4));
-        // It ran past the average: nothing to wait (the header says 1).
-        assert_eq!(recent.retry_after(LEASE, secs(20)), Duration::ZERO);
+        // It ran past the average: as long again as it has run.
+        assert_eq!(recent.retry_after(LEASE, secs(20)), secs(10));
         // A longer average is bounded by the lease left.
         let slow = RecentDurations::default();
         slow.record(secs(100));

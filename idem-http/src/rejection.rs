@@ -67,8 +67,8 @@ pub enum Rejection {
     /// Another request with this key is in flight: 409 with `Retry-After`.
     InFlight {
         /// When to come back: an estimate of when the request in flight ends, from the recent
-        /// durations of the layer's requests, bounded by the time left on its lease (with no
-        /// history, that time).
+        /// durations of the layer's requests (with no history, or past that estimate, the
+        /// original's age), bounded by the time left on its lease.
         retry_after: Duration,
     },
     /// The key was used with another request (method, path, query or body): 422.

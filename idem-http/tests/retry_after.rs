@@ -1,6 +1,6 @@
 //! The `Retry-After` of a 409: an estimate of when the original finishes, from the layer's
-//! recent durations, less how long the original has run, bounded by its lease, at least 1 s;
-//! with no history, the time left on the lease. On tokio's paused clock (the layer's durations)
+//! recent durations, less how long the original has run; with no history, or once the
+//! original has run past that estimate, the original's age; bounded by its lease, at least 1 s. On tokio's paused clock (the layer's durations)
 //! and a `ManualClock` (the store's leases), moved together.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -87,21 +87,22 @@ async fn retry_after_of_a_duplicate(
 async fn a_409_estimates_when_the_original_finishes_from_recent_durations() {
     let clock = ManualClock::new(SystemClock.now());
     let (app, mut running) = app(&clock);
-    // No history yet: the seconds left on the lease.
+    // No history yet: as long again as the original has run (3 s).
     let first =
-        retry_after_of_a_duplicate(&app, &mut running, &clock, "a", 5, Duration::from_secs(1))
+        retry_after_of_a_duplicate(&app, &mut running, &clock, "a", 5, Duration::from_secs(3))
             .await;
-    assert_eq!(first, "29");
+    assert_eq!(first, "3");
     // Requests here take 5 s: one that has run 1 s finishes in about 4.
     let second =
         retry_after_of_a_duplicate(&app, &mut running, &clock, "b", 5, Duration::from_secs(1))
             .await;
     assert_eq!(second, "4");
-    // One that has run past the estimate: come back in 1 s, never 0.
+    // One that has run past the estimate: as long again as it has run (before: 1 s, so its
+    // duplicates came back every second).
     let late =
         retry_after_of_a_duplicate(&app, &mut running, &clock, "c", 9, Duration::from_secs(7))
             .await;
-    assert_eq!(late, "1");
+    assert_eq!(late, "7");
 }
 
 #[tokio::test(start_paused = true)]

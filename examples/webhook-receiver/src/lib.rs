@@ -133,6 +133,41 @@ struct Shared {
     guard: JobGuard,
     config: Config,
     queue: mpsc::Sender<Job>,
+    durations: Arc<Durations>,
+}
+
+/// How long this receiver's events took to process lately (a moving average, each new run
+/// weighing a quarter), for the `Retry-After` of a 409: a duplicate of a 2-second job is told
+/// to come back in about 2 seconds, not when the claim's 30-second lease would end.
+#[derive(Debug, Default)]
+struct Durations {
+    average_micros: std::sync::atomic::AtomicU64,
+}
+
+impl Durations {
+    fn record(&self, took: Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let sample = u64::try_from(took.as_micros()).unwrap_or(u64::MAX).max(1);
+        let old = self.average_micros.load(Relaxed);
+        let new = if old == 0 {
+            sample
+        } else {
+            old - old / 4 + sample / 4
+        };
+        self.average_micros.store(new.max(1), Relaxed);
+    }
+
+    /// When a duplicate should come back: the recent average, at most `lease_left` (the
+    /// guard's bound); `lease_left` when nothing was processed yet.
+    fn retry_after(&self, lease_left: Duration) -> Duration {
+        match self
+            .average_micros
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            0 => lease_left,
+            average => Duration::from_micros(average).min(lease_left),
+        }
+    }
 }
 
 /// The receiver's router, with `config.workers` worker tasks spawned on the current runtime.
@@ -140,13 +175,20 @@ struct Shared {
 pub fn app(guard: JobGuard, config: Config, process: Processor) -> Router {
     let (queue, receiver) = mpsc::channel(config.queue_capacity.max(1));
     let receiver = Arc::new(Mutex::new(receiver));
+    let durations = Arc::new(Durations::default());
     for _ in 0..config.workers.max(1) {
-        tokio::spawn(work(guard.clone(), receiver.clone(), process.clone()));
+        tokio::spawn(work(
+            guard.clone(),
+            receiver.clone(),
+            process.clone(),
+            durations.clone(),
+        ));
     }
     let shared = Arc::new(Shared {
         guard,
         config,
         queue,
+        durations,
     });
     Router::new()
         .route("/webhooks/{source}", post(receive))
@@ -204,12 +246,13 @@ async fn receive(
                 }
             }
         }
-        Admission::Answered(run) => answer(run, &shared.config),
+        Admission::Answered(run) => answer(run, &shared),
     }
 }
 
 /// The answer to a duplicate (or a store error).
-fn answer(run: Run<Value>, config: &Config) -> Response {
+fn answer(run: Run<Value>, shared: &Shared) -> Response {
+    let config = &shared.config;
     match run.outcome {
         JobOutcome::Replayed(result) => replayed(StatusCode::OK, &result),
         JobOutcome::Failed(failure) => replayed(
@@ -221,7 +264,7 @@ fn answer(run: Run<Value>, config: &Config) -> Response {
                 StatusCode::CONFLICT,
                 "this event is still being processed; retry later",
             );
-            set_retry_after(&mut response, retry_after);
+            set_retry_after(&mut response, shared.durations.retry_after(retry_after));
             response
         }
         JobOutcome::Mismatch => problem(
@@ -271,7 +314,12 @@ fn event_key(source: &str, id: &str) -> Result<IdempotencyKey, idem_core::KeyErr
 
 /// One worker: takes queued events and runs them through their claim; an event to retry goes
 /// on in a task of its own ([`retry`]), so this worker goes on with the queue.
-async fn work(guard: JobGuard, queue: Arc<Mutex<mpsc::Receiver<Job>>>, process: Processor) {
+async fn work(
+    guard: JobGuard,
+    queue: Arc<Mutex<mpsc::Receiver<Job>>>,
+    process: Processor,
+    durations: Arc<Durations>,
+) {
     loop {
         let job = {
             let mut receiver = queue.lock().await;
@@ -287,7 +335,9 @@ async fn work(guard: JobGuard, queue: Arc<Mutex<mpsc::Receiver<Job>>>, process: 
         };
         let process_once = process.clone();
         let first = event.clone();
+        let started = std::time::Instant::now();
         let run: Run<Value> = claim.run(move |ctx| process_once(first, ctx)).await;
+        durations.record(started.elapsed());
         match run.disposition {
             // The sender already has its 202: retries are ours.
             Disposition::Retry { after } => {

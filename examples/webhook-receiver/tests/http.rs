@@ -178,6 +178,34 @@ async fn a_duplicate_while_the_first_is_processing_gets_409() {
     assert_eq!(receiver.executed.load(Ordering::SeqCst), 1);
 }
 
+/// Once events have been processed (here in well under a second), a duplicate is told to
+/// come back after about as long as they took (1 s, the least `Retry-After` says), not after
+/// the claim's lease (before: 30).
+#[tokio::test]
+async fn a_409_says_how_long_this_receivers_events_take() {
+    let receiver = start(Config::default()).await;
+    assert_eq!(
+        post(receiver.addr, "/webhooks/shop", Some("quick"), "{}")
+            .await
+            .status,
+        202
+    );
+    receiver.gate.add_permits(1);
+    let done = until_done(receiver.addr, "/webhooks/shop", Some("quick"), "{}").await;
+    assert_eq!(done.status, 200);
+    assert_eq!(
+        post(receiver.addr, "/webhooks/shop", Some("held"), "{}")
+            .await
+            .status,
+        202
+    );
+    wait_for(&receiver.started, 2).await;
+    let dup = post(receiver.addr, "/webhooks/shop", Some("held"), "{}").await;
+    assert_eq!(dup.status, 409, "{}", dup.body);
+    assert_eq!(dup.header("retry-after"), Some("1"));
+    receiver.gate.add_permits(1);
+}
+
 #[tokio::test]
 async fn a_full_queue_answers_429_with_retry_after_and_frees_the_key() {
     let receiver = start(Config {

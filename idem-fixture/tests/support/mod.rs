@@ -142,6 +142,14 @@ impl Fixture {
                 HeaderValue::from_bytes(value).unwrap(),
             );
         }
+        // One host for every request, the raw ones too ("Host: x"), as a service's clients
+        // reach it by one name whichever fixture process answers: the host is part of a
+        // request's fingerprint.
+        if !request.headers().contains_key(http::header::HOST) {
+            request
+                .headers_mut()
+                .insert(http::header::HOST, HeaderValue::from_static("x"));
+        }
         let response = self
             .client
             .request(request)
