@@ -19,8 +19,54 @@ pub(crate) fn time(at: Timestamp) -> String {
     humantime::format_rfc3339_millis(at).to_string()
 }
 
+/// The most bytes of a stored body that [`record_json`] shows.
+pub(crate) const BODY_PREVIEW: usize = 512;
+
+/// `bytes` as text that shows every byte: valid UTF-8 as it is, but control characters,
+/// quotes and backslashes escaped as Rust escapes them (`\n`, `\u{1b}`), and each byte that is
+/// not UTF-8 as `\xNN`; one line, whatever the body holds.
+#[must_use]
+pub(crate) fn escaped(bytes: &[u8]) -> String {
+    let mut text = String::with_capacity(bytes.len());
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            if c.is_control() || c == '\\' {
+                text.extend(c.escape_debug());
+            } else {
+                text.push(c);
+            }
+        }
+        for byte in chunk.invalid() {
+            text.push_str(&format!("\\x{byte:02x}"));
+        }
+    }
+    text
+}
+
+/// A stored HTTP response as JSON: its status, headers and trailers (in order, with repeats;
+/// a value that is not text is escaped as [`escaped`] does), the length of its body (`null`
+/// when it was stored without it, over the storage cap) and the first [`BODY_PREVIEW`] bytes
+/// of the body, escaped.
+fn response_json(response: &idem_http::codec::StoredResponse) -> Value {
+    let fields = |fields: &[(http::HeaderName, http::HeaderValue)]| -> Vec<Value> {
+        fields
+            .iter()
+            .map(|(name, value)| json!([name.as_str(), escaped(value.as_bytes())]))
+            .collect()
+    };
+    let body = response.body.as_ref();
+    json!({
+        "status": response.status.as_u16(),
+        "headers": fields(&response.headers),
+        "trailers": fields(&response.trailers),
+        "body_bytes": body.map(bytes::Bytes::len),
+        "body_preview": body.map(|body| escaped(&body[..body.len().min(BODY_PREVIEW)])),
+        "body_preview_truncated": body.is_some_and(|body| body.len() > BODY_PREVIEW),
+    })
+}
+
 /// A record as JSON: its state, owner, fence, times and, for a stored HTTP response, its
-/// status.
+/// status and the response itself ([`response_json`]).
 #[must_use]
 pub fn record_json(record: &Record) -> Value {
     let response = record
@@ -41,6 +87,7 @@ pub fn record_json(record: &Record) -> Value {
         "expires_at": time(record.expires_at),
         "result_bytes": record.result.as_ref().map(bytes::Bytes::len),
         "status": response.as_ref().map(|r| r.status.as_u16()),
+        "response": response.as_ref().map(response_json),
         "failure": record.failure.as_ref().map(|f| json!({ "message": f.message, "retryable": f.retryable })),
     })
 }
@@ -177,11 +224,40 @@ pub fn record_text(record: &Value) -> String {
         ),
         _ => "-".to_owned(),
     };
-    RECORD_FIELDS
+    let mut lines: Vec<String> = RECORD_FIELDS
         .iter()
         .map(|name| format!("{name}: {}", value(name)))
-        .collect::<Vec<_>>()
-        .join("\n")
+        .collect();
+    if let Value::Object(response) = &record["response"] {
+        lines.push("response:".to_owned());
+        for (section, name) in [("headers", "header"), ("trailers", "trailer")] {
+            for field in response
+                .get(section)
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let part = |at: usize| field.get(at).and_then(Value::as_str).unwrap_or("?");
+                lines.push(format!("  {name}: {}: {}", part(0), part(1)));
+            }
+        }
+        match response.get("body_bytes").and_then(Value::as_u64) {
+            None => lines.push("  body: omitted (over the storage cap)".to_owned()),
+            Some(len) => {
+                let preview = response
+                    .get("body_preview")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let more = if response.get("body_preview_truncated") == Some(&Value::Bool(true)) {
+                    format!(" (the first {BODY_PREVIEW})")
+                } else {
+                    String::new()
+                };
+                lines.push(format!("  body: {len} bytes{more}: {preview}"));
+            }
+        }
+    }
+    lines.join("\n")
 }
 
 /// How errors name the arguments of a record query: the command line's ([`ArgNames::FLAGS`])
@@ -289,6 +365,14 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    #[test]
+    fn a_body_preview_shows_every_byte_on_one_line() {
+        assert_eq!(escaped(b"plain text"), "plain text");
+        assert_eq!(escaped("caf\u{e9}".as_bytes()), "caf\u{e9}");
+        assert_eq!(escaped(b"a\nb\t\\"), "a\\nb\\t\\\\");
+        assert_eq!(escaped(b"\xff\x00ok"), "\\xff\\0ok");
+    }
 
     #[test]
     fn the_line_is_rendered_from_the_json() {

@@ -153,6 +153,9 @@ async fn keys_through_the_admin_listener_list_and_delete_a_request_in_flight() {
         "owner: ",
         "lease_until: ",
         "status: 201",
+        // The stored response itself: what a user looks for first.
+        "response:\n  header: content-type: ",
+        "  body: ",
     ] {
         assert!(
             line_out.1.contains(field),
@@ -161,6 +164,10 @@ async fn keys_through_the_admin_listener_list_and_delete_a_request_in_flight() {
         );
     }
     assert_eq!(json_out.1.trim(), record_json(&record).to_string());
+    let json: serde_json::Value = serde_json::from_str(json_out.1.trim()).unwrap();
+    assert_eq!(json["response"]["status"], 201);
+    assert!(json["response"]["body_bytes"].as_u64().is_some(), "{json}");
+    assert!(json["response"]["body_preview"].is_string(), "{json}");
 
     // Without the token: refused, exit 1, one line saying so.
     let (code, _, err) = idem_keys(&admin, None, &["list"]).await;
