@@ -1,4 +1,4 @@
-//! The names of the metrics that the HTTP layer and the job guard share (DESIGN.md section 8),
+//! The names of the metrics that the HTTP layer and the job guard share,
 //! defined once so both report into the same series. idem-core emits no metric itself.
 
 /// Claims acquired (the handler or the job ran).

@@ -1,4 +1,4 @@
-//! Every behaviour of DESIGN.md section 5, black-box: the fixture binary on 127.0.0.1:0, a real
+//! Every behaviour of the layer (idem-http's README), black-box: the fixture binary on 127.0.0.1:0, a real
 //! HTTP client, on every store the build has: memory always; Redis, PostgreSQL and redb with
 //! the fixture's features of those names (a missing server fails the test; outside CI,
 //! `IDEM_TEST_SKIP_MISSING=1` skips it loudly).

@@ -44,7 +44,7 @@ pub(crate) fn init_logs(config: &LogConfig) {
     };
 }
 
-/// Describes the metrics of DESIGN.md section 8 that the gateway exports (the layer's and its
+/// Describes the metrics that the gateway exports (the layer's and its
 /// own) and registers every series it knows the labels of at zero, on the store labelled
 /// `store`: Prometheus' advice for a series that may stay at zero, so that dashboards, alerts
 /// (`rate()`, `increase()`) and a reader of `/metrics` find `idem_lease_takeovers_total` before

@@ -1,4 +1,4 @@
-//! End-to-end: the behaviours of DESIGN.md section 5 through `idem serve` (in this process, on
+//! End-to-end: the layer's behaviours (idem-http's README) through `idem serve` (in this process, on
 //! the memory store) in front of the idem-fixture upstream (`--bare`), all on 127.0.0.1 port 0.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

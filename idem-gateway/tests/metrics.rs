@@ -1,5 +1,5 @@
 //! `/metrics` of an `idem serve` process (its own Prometheus recorder, as in production): the
-//! metrics of DESIGN.md section 8 are there, described and at zero, before anything happened,
+//! metrics of the metrics table of ops/README.md are there, described and at zero, before anything happened,
 //! and they count what a few requests do.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

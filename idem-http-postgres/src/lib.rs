@@ -82,8 +82,8 @@
 //!    the plain layer's.
 //! 2. [`PgTxService`] opens a transaction (`READ COMMITTED`) on a connection of the store's
 //!    pool and hands it to the handler as a [`Tx`]: statements, but no commit or rollback.
-//! 3. When the handler has answered and its body is read, the status rules of idem-http decide
-//!    (DESIGN section 5): a status the layer stores is recorded in the transaction (the record
+//! 3. When the handler has answered and its body is read, the status rules of idem-http
+//!    decide: a status the layer stores is recorded in the transaction (the record
 //!    as the layer would store it) with the completion's compare-and-set, fenced by the claim,
 //!    then the transaction commits, and only then does the caller get its answer. A stale
 //!    attempt whose lease was taken over fails the compare-and-set, and its writes roll back.

@@ -1,6 +1,6 @@
 //! [`Config`]: the validated settings of the layer, built with [`ConfigBuilder`].
 //!
-//! Every setting has a documented default (DESIGN.md section 5):
+//! Every setting has a documented default:
 //!
 //! | setting | default |
 //! |---|---|

@@ -1,4 +1,4 @@
-//! The metric names of the layer (DESIGN.md section 8), emitted through the `metrics` facade.
+//! The metric names of the layer, emitted through the `metrics` facade.
 //! The application installs an exporter; without one, these cost next to nothing.
 //!
 //! | name | kind | labels |

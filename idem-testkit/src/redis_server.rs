@@ -1,6 +1,6 @@
 //! Private Redis servers and Redis Clusters for tests (feature `redis-server`): `redis-server`
 //! processes on free ports that die with the test process, a three-node Cluster made of them
-//! (DESIGN.md section 9), and [`command`], which asks them `PING`, `CLUSTER INFO` and the like
+//!, and [`command`], which asks them `PING`, `CLUSTER INFO` and the like
 //! through redis-rs's blocking client.
 //!
 //! Where `redis-server` or `redis-cli` is not installed, [`have_redis_binaries`] fails the

@@ -1,4 +1,4 @@
-//! The transactional guard emits the metrics of DESIGN.md section 8 as the plain guard does:
+//! The transactional guard emits the metrics of the metrics table of ops/README.md as the plain guard does:
 //! job duration by job type, store operation latency by store and op. Against the real
 //! PostgreSQL server (`IDEM_TEST_POSTGRES_URL`), on a schema of its own.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

@@ -1,4 +1,4 @@
-//! The metric names of the guard (DESIGN.md section 8), emitted through the `metrics` facade.
+//! The metric names of the guard, emitted through the `metrics` facade.
 //! The application installs an exporter; without one, these cost next to nothing.
 //!
 //! Every metric carries a `job_type` label (the guard's [`crate::JobGuardBuilder::job_type`]),

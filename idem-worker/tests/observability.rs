@@ -1,4 +1,4 @@
-//! Metrics carry the job type; the counters of DESIGN.md section 8 move as jobs run.
+//! Metrics carry the job type; the counters of the metrics table of ops/README.md move as jobs run.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;

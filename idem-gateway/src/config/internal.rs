@@ -337,7 +337,7 @@ impl Origin {
 }
 
 impl Default for RouteSettings {
-    /// The documented defaults (DESIGN.md section 5).
+    /// The documented defaults.
     fn default() -> Self {
         RouteSettings {
             enabled: true,

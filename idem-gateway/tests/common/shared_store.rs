@@ -91,7 +91,7 @@ pub async fn redis_store(url: &str, namespace: &str) -> Arc<dyn Store> {
         .store
 }
 
-/// DESIGN.md section 5 through a gateway (in this process) on `store`: the first call 201, a
+/// The layer's behaviours (idem-http's README) through a gateway (in this process) on `store`: the first call 201, a
 /// retry the byte-identical replay with `Idempotent-Replayed: true`, a changed body 422, a
 /// missing key 400 on a route that requires one, and a 500 (not stored) runs again.
 pub async fn section_5_basics(store: &str) {
