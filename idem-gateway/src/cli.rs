@@ -73,6 +73,10 @@ pub(crate) struct OverrideArgs {
     /// Run no admin listener.
     #[arg(long, global = true)]
     pub no_admin: bool,
+    /// Open an existing empty redb file as a new store (refused otherwise: a store file is
+    /// never empty, so an empty one lost its records). For one start, not a standing setting.
+    #[arg(long, global = true)]
+    pub redb_allow_empty: bool,
 }
 
 impl OverrideArgs {
@@ -88,6 +92,7 @@ impl OverrideArgs {
             admin_listen: self.admin_listen.clone(),
             admin_token: self.admin_token.clone(),
             no_admin: self.no_admin,
+            redb_allow_empty: self.redb_allow_empty,
         }
     }
 }

@@ -100,6 +100,7 @@ pub struct OpenOptions {
     memory_capacity: Option<NonZeroUsize>,
     memory_max_bytes: Option<NonZeroUsize>,
     create: bool,
+    redb_allow_empty_file: bool,
     retry_timeout: Option<Duration>,
 }
 
@@ -113,6 +114,7 @@ impl OpenOptions {
             memory_capacity: None,
             memory_max_bytes: None,
             create: true,
+            redb_allow_empty_file: false,
             retry_timeout: None,
         }
     }
@@ -141,6 +143,15 @@ impl OpenOptions {
     /// store: a mistyped path would answer "no record".
     pub fn create(mut self, create: bool) -> Self {
         self.create = create;
+        self
+    }
+
+    /// Whether an existing redb file of zero bytes is opened as a new, empty store (off by
+    /// default: it is refused, as its records were lost; see `allow_empty_file` of the redb
+    /// store's builder). Only with
+    /// [`OpenOptions::create`] on: a program that inspects a store never starts one.
+    pub fn redb_allow_empty_file(mut self, allow: bool) -> Self {
+        self.redb_allow_empty_file = allow;
         self
     }
 
@@ -278,8 +289,10 @@ impl OpenOptions {
                     });
                 }
                 // A local file opens or never will: never deferred.
-                let store =
-                    idem_store_redb::RedbStore::open(path).map_err(|error| down(spec, error))?;
+                let store = idem_store_redb::RedbStore::builder()
+                    .allow_empty_file(self.create && self.redb_allow_empty_file)
+                    .open(path)
+                    .map_err(|error| down(spec, error))?;
                 Ok(Arc::new(store))
             }
             #[allow(unreachable_patterns)]

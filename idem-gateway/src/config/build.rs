@@ -427,6 +427,7 @@ fn store_config(
         namespace,
         memory_capacity,
         memory_max_bytes,
+        redb_allow_empty: overrides.redb_allow_empty,
     };
     Ok(store)
 }

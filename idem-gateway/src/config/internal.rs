@@ -100,6 +100,8 @@ pub struct Overrides {
     pub admin_token: Option<String>,
     /// `--no-admin`: no admin listener.
     pub no_admin: bool,
+    /// `--redb-allow-empty`: an existing empty redb file opens as a new store.
+    pub redb_allow_empty: bool,
 }
 
 /// The validated configuration.
@@ -166,6 +168,9 @@ pub struct StoreConfig {
     pub memory_capacity: NonZeroUsize,
     /// The memory store's byte budget.
     pub memory_max_bytes: NonZeroUsize,
+    /// Whether an existing empty redb file opens as a new store (`--redb-allow-empty`);
+    /// refused otherwise.
+    pub redb_allow_empty: bool,
 }
 
 /// The admin listener.
