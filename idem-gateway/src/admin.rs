@@ -3,7 +3,12 @@
 //! operator's page `/ui` (see [`ui`]). When a token is set, every request needs
 //! `Authorization: Bearer TOKEN` (401 otherwise); `/ui` also accepts the session cookie that
 //! its login form sets (see [`session`]). Without a token, the key API and `/ui` answer only
-//! requests addressed to an IP address or `localhost` (see [`addressed_directly`]).
+//! requests addressed to an IP address or `localhost` (see [`addressed_directly`]), and
+//! `/readyz` says why the store is not ready only to such a request from this machine.
+//!
+//! Whatever the token: a request with two `Host` lines is 400 ([`one_host`]), and one that
+//! changes something (`POST`, `DELETE`) sent by a browser from another site is 403
+//! ([`cross_site`]).
 //!
 //! An axum router: one guard middleware decides who may ask (the checks above, and the
 //! throttle on wrong tokens, see [`Throttle`]), then one handler per resource answers; a
@@ -32,7 +37,7 @@ use http::{HeaderMap, StatusCode};
 use idem_core::Store;
 use tokio::net::TcpListener;
 
-use access::{Throttle, addressed_directly, same};
+use access::{Throttle, addressed_directly, cross_site, one_host, same};
 use monitor::Monitor;
 use session::Sessions;
 
@@ -173,9 +178,24 @@ struct Visitor {
     peer: Option<IpAddr>,
     /// The session the cookie names, live or not.
     session_id: Option<String>,
-    /// The CSRF token of this visitor and whether it came with a live session, when it may
-    /// see the page.
-    access: Option<(String, bool)>,
+    /// How the visitor may see the page and send its forms; `None` when it may not.
+    grant: Option<Grant>,
+}
+
+/// How a visitor of `/ui` may see the page and send its forms.
+#[derive(Clone, Debug)]
+enum Grant {
+    /// It came with the cookie of a live session: a form must carry the session's CSRF token.
+    Session {
+        /// The session's CSRF token.
+        csrf: String,
+    },
+    /// It came with the right bearer header: a form needs no CSRF token (a browser never
+    /// sends the header on its own, so no other site can make it send one).
+    Bearer,
+    /// No token is set and it came without a live session: the page opens one for it (its
+    /// forms carry that session's CSRF token); a form without a session is refused.
+    Open,
 }
 
 impl Admin {
@@ -250,10 +270,11 @@ impl Admin {
         let session_csrf = session_id
             .as_deref()
             .and_then(|id| self.sessions.csrf_of(id));
-        let access = match session_csrf {
-            Some(csrf) => Some((csrf, true)),
+        let grant = match session_csrf {
+            Some(csrf) => Some(Grant::Session { csrf }),
+            None if self.token.is_none() => Some(Grant::Open),
             None => match self.bearer(headers, peer) {
-                Access::Granted => Some((self.sessions.process_csrf().to_owned(), false)),
+                Access::Granted => Some(Grant::Bearer),
                 Access::Refused => None,
                 Access::Throttled(wait) => return Err(wait),
             },
@@ -261,7 +282,7 @@ impl Admin {
         Ok(Visitor {
             peer,
             session_id,
-            access,
+            grant,
         })
     }
 
@@ -320,10 +341,11 @@ impl Admin {
     }
 }
 
-/// Runs before every route: refuses a key API or `/ui` request addressed by a host name when no
-/// token is set (see [`addressed_directly`]); finds the [`Visitor`] of `/ui`, which checks its
-/// own session or token; and checks the bearer token of everything else (401, or 429 for a
-/// throttled peer).
+/// Runs before every route: refuses a request with two `Host` lines (400, see [`one_host`])
+/// and a state-changing request from another site (403, see [`cross_site`]); refuses a key
+/// API or `/ui` request addressed by a host name when no token is set (see
+/// [`addressed_directly`]); finds the [`Visitor`] of `/ui`, which checks its own session or
+/// token; and checks the bearer token of everything else (401, or 429 for a throttled peer).
 async fn guard(State(admin): State<Admin>, mut request: Request, next: Next) -> Response {
     let peer = peer_of(&request);
     let path = request.uri().path();
@@ -331,6 +353,25 @@ async fn guard(State(admin): State<Admin>, mut request: Request, next: Next) -> 
     let key_api = path
         .strip_prefix(api::PREFIX)
         .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
+    if !one_host(&request) {
+        tracing::warn!(
+            path,
+            "admin: refused a request with more than one Host line"
+        );
+        return refusal(
+            key_api,
+            StatusCode::BAD_REQUEST,
+            "more than one Host field line",
+        );
+    }
+    if cross_site(&request) {
+        tracing::warn!(
+            path,
+            method = %request.method(),
+            "admin: refused a request a browser sent from another site"
+        );
+        return refusal(key_api, StatusCode::FORBIDDEN, CROSS_SITE);
+    }
     if (ui || key_api) && admin.token.is_none() && !addressed_directly(&request) {
         tracing::warn!(
             path,
@@ -358,21 +399,43 @@ async fn guard(State(admin): State<Admin>, mut request: Request, next: Next) -> 
     next.run(request).await
 }
 
-/// `GET /readyz`: 200 when the store answers and the gateway is not draining, 503 otherwise.
-async fn readyz(State(admin): State<Admin>) -> Response {
+/// The message of a state-changing request refused by [`cross_site`].
+const CROSS_SITE: &str = "refused: a browser sent this request from another site (its \
+    Sec-Fetch-Site or Origin header says so); the admin listener takes changes only from its \
+    own pages, or from clients that are not browsers";
+
+/// Whether the answer to `request` may say why the store is not ready (its error can name
+/// hosts, users and paths): to a request that passed the token, or, without a token, to one
+/// from this machine addressed by IP address or `localhost` (not a page that rebound its host
+/// name to this machine, nor a proxy on it that forwards other hosts' requests).
+fn may_see_details(admin: &Admin, request: &Request) -> bool {
+    admin.token.is_some()
+        || (peer_of(request).is_some_and(|peer| peer.to_canonical().is_loopback())
+            && addressed_directly(request))
+}
+
+/// `GET /readyz`: 200 when the store answers and the gateway is not draining, 503 otherwise;
+/// why the store is not ready only to those who may see it ([`may_see_details`]).
+async fn readyz(State(admin): State<Admin>, request: Request) -> Response {
     if admin.draining.load(Ordering::Acquire) {
         return text(
             StatusCode::SERVICE_UNAVAILABLE,
             "draining: the gateway is shutting down\n",
         );
     }
-    match tokio::time::timeout(READY_TIMEOUT, admin.store.ping()).await {
-        Ok(Ok(())) => text(StatusCode::OK, "ready\n"),
-        Ok(Err(err)) => text(StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}\n")),
-        Err(_) => text(
+    let why = match tokio::time::timeout(READY_TIMEOUT, admin.store.ping()).await {
+        Ok(Ok(())) => return text(StatusCode::OK, "ready\n"),
+        Ok(Err(err)) => err.to_string(),
+        Err(_) => format!("no answer within {READY_TIMEOUT:?}"),
+    };
+    if may_see_details(&admin, &request) {
+        text(StatusCode::SERVICE_UNAVAILABLE, format!("store: {why}\n"))
+    } else {
+        text(
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("store: no answer within {READY_TIMEOUT:?}\n"),
-        ),
+            "store: not ready (the reason is shown with the admin token, or to a request from \
+             this machine addressed by IP address or localhost)\n",
+        )
     }
 }
 
@@ -392,7 +455,54 @@ async fn metrics(State(admin): State<Admin>) -> Response {
 
 #[cfg(test)]
 mod tests {
-    use super::bearer_token;
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// A request for `/readyz` with `host`, from `peer` when given.
+    fn probe(host: &str, peer: Option<[u8; 4]>) -> Request {
+        let mut request = Request::builder()
+            .uri("/readyz")
+            .header(header::HOST, host)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        if let Some(peer) = peer {
+            let peer = SocketAddr::from((peer, 40_000));
+            request.extensions_mut().insert(ConnectInfo(peer));
+        }
+        request
+    }
+
+    #[test]
+    fn the_reason_a_store_is_not_ready_is_for_this_machine_or_the_token() {
+        let store: Arc<dyn Store> = Arc::new(idem_store_memory::MemoryStore::new());
+        let open = Admin::new(store.clone(), None, None);
+        assert!(may_see_details(
+            &open,
+            &probe("127.0.0.1:9901", Some([127, 0, 0, 1]))
+        ));
+        assert!(may_see_details(
+            &open,
+            &probe("localhost:9901", Some([127, 0, 0, 1]))
+        ));
+        // A page that rebound its name to this machine, a proxy that forwards other hosts,
+        // a peer elsewhere, a peer unknown.
+        assert!(!may_see_details(
+            &open,
+            &probe("evil.example:9901", Some([127, 0, 0, 1]))
+        ));
+        assert!(!may_see_details(
+            &open,
+            &probe("10.0.0.5:9901", Some([10, 0, 0, 9]))
+        ));
+        assert!(!may_see_details(&open, &probe("127.0.0.1:9901", None)));
+        // With a token, the guard let only the token's holders through.
+        let tokened = Admin::new(store, Some("a-token-of-16-bytes".to_owned()), None);
+        assert!(may_see_details(
+            &tokened,
+            &probe("evil.example:9901", Some([10, 0, 0, 9]))
+        ));
+    }
 
     #[test]
     fn the_bearer_scheme_is_case_insensitive() {

@@ -73,6 +73,10 @@ pub(crate) struct OverrideArgs {
     /// Run no admin listener.
     #[arg(long, global = true)]
     pub no_admin: bool,
+    /// Open an existing empty redb file as a new store (refused otherwise: a store file is
+    /// never empty, so an empty one lost its records). For one start, not a standing setting.
+    #[arg(long, global = true)]
+    pub redb_allow_empty: bool,
 }
 
 impl OverrideArgs {
@@ -89,6 +93,7 @@ impl OverrideArgs {
             admin_token: self.admin_token.clone(),
             scope_secret: std::env::var("IDEM_SCOPE_SECRET").ok(),
             no_admin: self.no_admin,
+            redb_allow_empty: self.redb_allow_empty,
         }
     }
 }

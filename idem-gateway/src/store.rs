@@ -87,13 +87,33 @@ impl Backends {
     }
 }
 
-/// The options of opening the configured store: its namespace, the memory store's bounds, and
-/// how long one try to connect a deferred store may take.
+/// The options of opening the configured store: its namespace, the memory store's bounds,
+/// whether an empty redb file may start a new store, and how long one try to connect a
+/// deferred store may take.
 fn options(config: &StoreConfig) -> OpenOptions {
     OpenOptions::new(config.namespace.as_str())
         .memory_capacity(config.memory_capacity)
         .memory_max_bytes(config.memory_max_bytes)
+        .redb_allow_empty_file(config.redb_allow_empty)
         .retry_timeout(CONNECT_TIMEOUT)
+}
+
+/// The flag that opens an existing empty redb file as a new store.
+const ALLOW_EMPTY_FLAG: &str = "--redb-allow-empty";
+
+/// `message` (the store's refusal of an empty redb file, which ends "allow an empty file
+/// explicitly to start a new store in it"), with the flag that allows it, when the store
+/// `config` names is such a file and the flag was not given.
+fn with_empty_file_hint(config: &StoreConfig, message: String) -> String {
+    let StoreSpec::Redb(path) = &config.spec else {
+        return message;
+    };
+    let empty = std::fs::metadata(path).is_ok_and(|meta| meta.is_file() && meta.len() == 0);
+    if empty && !config.redb_allow_empty {
+        format!("{message}: {ALLOW_EMPTY_FLAG}")
+    } else {
+        message
+    }
 }
 
 /// How long one try to connect a deferred store may take: a PostgreSQL store migrates on
@@ -112,13 +132,14 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 ///
 /// # Errors
 /// [`Failure`] for any failure but a server that does not answer yet: a bad setting or a store
-/// this build lacks (exit 2), a redb file in use by another process, a server that refuses the
-/// credentials.
+/// this build lacks (exit 2), a redb file in use by another process, damaged, or empty
+/// (unless `--redb-allow-empty`), a server that refuses the credentials or that asks for a
+/// password the URL does not have.
 pub(crate) async fn open_to_serve(config: &StoreConfig) -> Result<Arc<dyn Store>, Failure> {
     let opened = options(config)
         .open_or_defer(&config.spec)
         .await
-        .map_err(|err| failure(&config.spec, err))?;
+        .map_err(|err| creating_failure(config, err))?;
     if let Some(error) = &opened.deferred {
         tracing::warn!(
             store = %config.spec,
@@ -153,6 +174,7 @@ pub(crate) async fn open_existing(config: &StoreConfig) -> Result<Arc<dyn Store>
         Err(err @ OpenError::Missing { .. }) => Err(Failure::runtime(format!(
             "{err} (`idem serve` or `idem store migrate` creates it)"
         ))),
+        // An admin command never starts a new store: an empty file is an error, with no hint.
         Err(err) => Err(failure(&config.spec, err)),
     }
 }
@@ -171,6 +193,15 @@ fn failure(spec: &StoreSpec, err: OpenError) -> Failure {
             reason.to_string(),
         )),
         other => Failure::runtime(other.to_string()),
+    }
+}
+
+/// [`failure`], with the hint of [`with_empty_file_hint`]: for the commands that may start a
+/// new store (`idem serve`, `idem store migrate|sweep`).
+fn creating_failure(config: &StoreConfig, err: OpenError) -> Failure {
+    match failure(&config.spec, err) {
+        Failure::Runtime(message) => Failure::Runtime(with_empty_file_hint(config, message)),
+        other => other,
     }
 }
 
@@ -207,19 +238,26 @@ mod redb {
 
     use idem::redb::RedbStore;
 
-    use super::{StoreConfig, unreachable};
+    use super::{StoreConfig, unreachable, with_empty_file_hint};
     use crate::commands::Failure;
 
     /// `idem store migrate|sweep` on a redb file. redb has no migrations: opening the file
     /// creates it with its tables, or checks an existing one's format and tables. Done here,
-    /// so that a bad path fails now.
+    /// so that a bad path fails now. An existing empty file is refused unless
+    /// `--redb-allow-empty`.
     pub(super) async fn maintain(
         config: &StoreConfig,
         path: &Path,
         migrate: bool,
     ) -> Result<String, Failure> {
-        let existed = path.exists();
-        let store = RedbStore::open(path).map_err(|err| unreachable(&config.spec, &err))?;
+        let existed = std::fs::metadata(path).is_ok_and(|meta| meta.len() > 0);
+        let store = RedbStore::builder()
+            .allow_empty_file(config.redb_allow_empty)
+            .open(path)
+            .map_err(|err| {
+                let message = format!("store {}: {err}", config.spec);
+                Failure::runtime(with_empty_file_hint(config, message))
+            })?;
         if migrate {
             return Ok(if existed {
                 format!(

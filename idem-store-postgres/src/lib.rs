@@ -96,7 +96,10 @@
 //!
 //! # Errors
 //!
-//! A refused or lost connection is [`StoreError::Unavailable`]; an operation over its timeout
+//! Credentials the server refuses (SQLSTATE 28P01 or 28000), or a password it asks for that
+//! the URL does not have, are a permanent [`StoreError::Backend`] error whose source is a
+//! [`CredentialsRefused`], whenever they happen (at connect, or on a new connection of the
+//! pool later): no retry helps. A refused or lost connection is [`StoreError::Unavailable`]; an operation over its timeout
 //! (pool wait plus statement, [`PostgresConfig::with_op_timeout`]) is [`StoreError::Timeout`];
 //! a row that cannot be decoded or breaks the record invariants is [`StoreError::Corrupt`];
 //! serialization failures and deadlocks are retryable [`StoreError::Backend`] errors. The
@@ -124,6 +127,7 @@ mod store;
 mod transaction;
 
 pub use config::{PostgresConfig, PostgresConfigError};
+pub use error::CredentialsRefused;
 pub use schema::MigrationReport;
 pub use store::{PostgresStore, migrate};
 

@@ -144,3 +144,18 @@ impl std::fmt::Display for BatchError {
 }
 
 impl std::error::Error for BatchError {}
+
+/// The error of opening the file at `path` when it is empty (and empty files are not allowed:
+/// see [`RedbStoreBuilder::allow_empty_file`](crate::RedbStoreBuilder::allow_empty_file)).
+pub(crate) fn empty_file(path: &Path) -> StoreError {
+    StoreError::Backend {
+        source: format!(
+            "the store file {} is empty (0 bytes): a store file is never empty once opened, so \
+             its records were lost (a truncation, a failed copy, a full disk); restore it from \
+             a backup, or allow an empty file explicitly to start a new store in it",
+            path.display()
+        )
+        .into(),
+        retryable: false,
+    }
+}

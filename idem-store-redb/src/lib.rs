@@ -61,6 +61,20 @@
 //! to the file system. Fences keep rising after a delete or a sweep: the file keeps a fence
 //! floor at or above the fence of every record it removed, and new grants start above it.
 //!
+//! # A damaged or emptied file
+//!
+//! redb panics, rather than answering an error, on a file it cannot make sense of (one cut
+//! short, or with foreign bytes over its pages). Every call into redb runs under a guard that
+//! catches the panic, without the panic hook printing it: the open, or the operation, answers
+//! [`StoreError::Corrupt`](idem_core::StoreError::Corrupt) naming the file, and from then on
+//! the store answers every operation, [`Store::ping`] included, with that error without
+//! calling redb again. The file is not written to again (see [`RedbStoreBuilder::open`]).
+//!
+//! An existing file of zero bytes is refused by default: a store file is never empty once
+//! opened, so an empty one lost its records, and taking it as a new store would answer every
+//! key as never seen. [`RedbStoreBuilder::allow_empty_file`] starts a new store in it; a path
+//! with no file is created as always.
+//!
 //! # Encoding
 //!
 //! Records use a small versioned binary format of this crate (see the `codec` module's
@@ -69,12 +83,14 @@
 //!
 //! [`Store::get`]: idem_core::Store::get
 //! [`Store::scan`]: idem_core::Store::scan
+//! [`Store::ping`]: idem_core::Store::ping
 
 mod codec;
 mod error;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+mod guard;
 mod store;
 mod writer;
 

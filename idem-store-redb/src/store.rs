@@ -1,8 +1,8 @@
 //! [`RedbStore`]: the [`Store`] in one redb file, and its builder.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::mpsc::{self, Sender};
-use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -19,7 +19,8 @@ use redb::{
 use tokio::sync::oneshot;
 
 use crate::codec;
-use crate::error::{BatchError, in_file, open_error, storage};
+use crate::error::{BatchError, empty_file, in_file, open_error, storage};
+use crate::guard::{Damage, Db};
 use crate::writer::{Batch, Job, Writer};
 
 /// The records: table key (see [`codec::encode_key`]) to stored record.
@@ -46,7 +47,7 @@ pub struct RedbStore {
 
 #[derive(Debug)]
 struct Inner {
-    db: Arc<RwLock<Database>>,
+    db: Arc<Db>,
     path: PathBuf,
     clock: Arc<dyn Clock>,
     policy: LeasePolicy,
@@ -74,6 +75,7 @@ pub struct RedbStoreBuilder {
     policy: LeasePolicy,
     quick_repair: bool,
     cache_size: Option<usize>,
+    allow_empty_file: bool,
 }
 
 impl Default for RedbStoreBuilder {
@@ -83,6 +85,7 @@ impl Default for RedbStoreBuilder {
             policy: LeasePolicy::Lenient,
             quick_repair: true,
             cache_size: None,
+            allow_empty_file: false,
         }
     }
 }
@@ -115,25 +118,51 @@ impl RedbStoreBuilder {
         self
     }
 
+    /// Whether an existing file of zero bytes is taken as a new, empty store (default: off,
+    /// it is refused). A store file is never empty once opened, so an empty one is a store
+    /// whose records were lost (a truncation, a copy that failed, a full disk): taking it as
+    /// a new store would answer every key as never seen. Turn this on only to start a new
+    /// store in a file made empty on purpose. A path with no file at all is created either
+    /// way.
+    pub fn allow_empty_file(mut self, allow: bool) -> Self {
+        self.allow_empty_file = allow;
+        self
+    }
+
     /// Opens the file at `path`, creating it if needed. Blocks while redb opens the file (and,
     /// after a crash with quick repair off, repairs it): call it at startup, or inside
     /// `spawn_blocking`.
     ///
+    /// A file redb cannot make sense of (truncated, overwritten in part) is
+    /// [`StoreError::Corrupt`], here or on any later operation: redb panics on such a file,
+    /// and the store catches the panic (quietly: the process's panic hook does not print it)
+    /// and from then on answers every operation, [`Store::ping`] included, with that error,
+    /// without calling redb again. A damaged file is not written to again, not even when the
+    /// store is dropped: it stays open, and locked, until the process exits. (A build with
+    /// `panic = "abort"` cannot catch the panic: it aborts.)
+    ///
     /// # Errors
     /// [`StoreError::Unavailable`] if the file cannot be opened or created (another process
-    /// holds it, no permission), [`StoreError::Backend`] if it is not a redb file or was written
-    /// by a newer format.
+    /// holds it, no permission), [`StoreError::Backend`] if it is not a redb file, was written
+    /// by a newer format, or is empty (see [`RedbStoreBuilder::allow_empty_file`]),
+    /// [`StoreError::Corrupt`] if it is damaged.
     pub fn open(self, path: impl AsRef<Path>) -> Result<RedbStore, StoreError> {
         let path = path.as_ref().to_path_buf();
+        // Only an existing file is looked at: a missing one is created below.
+        let empty = std::fs::metadata(&path).is_ok_and(|meta| meta.is_file() && meta.len() == 0);
+        if empty && !self.allow_empty_file {
+            return Err(empty_file(&path));
+        }
         let mut builder = Database::builder();
         if let Some(bytes) = self.cache_size {
             builder.set_cache_size(bytes);
         }
-        let db = builder
-            .create(&path)
-            .map_err(|err| open_error(&path, err))?;
-        let floor = prepare(&db, self.quick_repair).map_err(|err| in_file(&path, err))?;
-        let db = Arc::new(RwLock::new(db));
+        let damage = Damage::new(&path);
+        let db = damage.guard(|| builder.create(&path).map_err(|err| open_error(&path, err)))?;
+        let db = Arc::new(Db::new(db, damage));
+        let floor = db
+            .with(|db| prepare(db, self.quick_repair))
+            .map_err(|err| in_file(&path, err))?;
         let (jobs, queue) = mpsc::channel();
         let writer = Writer {
             db: Arc::clone(&db),
@@ -201,12 +230,6 @@ pub(crate) fn begin_write(
     Ok(txn)
 }
 
-/// Takes the database's shared lock. The lock guards no invariant of its own (only
-/// compaction's exclusive access), so a poisoned lock is used as it is.
-pub(crate) fn read_lock(db: &RwLock<Database>) -> RwLockReadGuard<'_, Database> {
-    db.read().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl RedbStore {
     /// Opens (or creates) the store file at `path` with every default: the system clock,
     /// lenient leases, quick repair on. See [`RedbStoreBuilder::open`].
@@ -228,26 +251,32 @@ impl RedbStore {
         &self.inner.path
     }
 
-    /// Queues `op` for the writer and waits until its batch is committed (or failed).
+    /// Queues `op` for the writer and waits until its batch is committed (or failed). `op`
+    /// runs under the guard: a panic in it is [`StoreError::Corrupt`], and fails its batch.
     async fn submit<T: Send + 'static>(
         &self,
         op: impl FnOnce(&mut Batch<'_>) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
+        let db = &self.inner.db;
+        db.damage.check()?;
         let (answer, answered) = oneshot::channel();
+        let shared = Arc::clone(db);
         let job: Job = Box::new(move |batch| {
             let result = match batch {
-                Some(batch) => op(batch),
+                Some(batch) => shared.damage.guard(|| op(batch)),
                 None => Err(StoreError::unavailable(
                     "the write transaction did not open",
                 )),
             };
             Box::new(move |failure| {
-                let result = match failure {
-                    None => result,
-                    Some((message, true)) => {
+                let result = match (failure, shared.damage.error()) {
+                    (None, _) => result,
+                    // A batch failed by a damaged file answers as the file's damage.
+                    (Some(_), Some(damage)) => Err(damage),
+                    (Some((message, true)), None) => {
                         Err(StoreError::unavailable(BatchError(Arc::clone(message))))
                     }
-                    Some((message, false)) => Err(StoreError::Backend {
+                    (Some((message, false)), None) => Err(StoreError::Backend {
                         source: Box::new(BatchError(Arc::clone(message))),
                         retryable: false,
                     }),
@@ -260,12 +289,15 @@ impl RedbStore {
             .jobs
             .as_ref()
             .ok_or_else(|| StoreError::unavailable("the store is closed"))?;
-        queue
-            .send(job)
-            .map_err(|_| StoreError::unavailable("the redb writer stopped"))?;
-        answered
-            .await
-            .map_err(|_| StoreError::unavailable("the redb writer stopped"))?
+        // An operation left unanswered (its batch panicked outside the operations' guards, or
+        // came once the file was known to be damaged) answers as the file's damage.
+        let stopped = || {
+            db.damage
+                .error()
+                .unwrap_or_else(|| StoreError::unavailable("the redb writer stopped"))
+        };
+        queue.send(job).map_err(|_| stopped())?;
+        answered.await.map_err(|_| stopped())?
     }
 
     async fn transition<T: Send + 'static>(
@@ -279,7 +311,8 @@ impl RedbStore {
             .await
     }
 
-    /// Runs `read` in a read transaction on a blocking thread: reads never wait for the writer.
+    /// Runs `read` in a read transaction on a blocking thread, under the guard: reads never
+    /// wait for the writer.
     async fn read<T: Send + 'static>(
         &self,
         read: impl FnOnce(&ReadTransaction, Timestamp) -> Result<T, StoreError> + Send + 'static,
@@ -287,9 +320,10 @@ impl RedbStore {
         let db = Arc::clone(&self.inner.db);
         let clock = Arc::clone(&self.inner.clock);
         tokio::task::spawn_blocking(move || {
-            let db = read_lock(&db);
-            let txn = db.begin_read().map_err(storage)?;
-            read(&txn, clock.now())
+            db.with(|db| {
+                let txn = db.begin_read().map_err(storage)?;
+                read(&txn, clock.now())
+            })
         })
         .await
         .map_err(|e| StoreError::Backend {
@@ -324,15 +358,12 @@ impl RedbStore {
     /// [`StoreError::Unavailable`] if the file cannot be written.
     pub async fn compact(&self) -> Result<bool, StoreError> {
         let db = Arc::clone(&self.inner.db);
-        tokio::task::spawn_blocking(move || {
-            let mut db = db.write().unwrap_or_else(PoisonError::into_inner);
-            db.compact().map_err(storage)
-        })
-        .await
-        .map_err(|e| StoreError::Backend {
-            source: Box::new(e),
-            retryable: false,
-        })?
+        tokio::task::spawn_blocking(move || db.exclusive(|db| db.compact().map_err(storage)))
+            .await
+            .map_err(|e| StoreError::Backend {
+                source: Box::new(e),
+                retryable: false,
+            })?
     }
 
     /// Stores `raw` as the value of `key` as it is, bypassing the codec and the state machine:
@@ -437,14 +468,28 @@ impl Store for RedbStore {
     /// the table's header: no scan). `None` while a compaction holds the file, or if the file
     /// cannot be read; bytes are not counted.
     fn stats(&self) -> Option<StoreStats> {
-        let db = match self.inner.db.try_read() {
-            Ok(db) => db,
-            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) => return None,
-        };
-        let txn = db.begin_read().ok()?;
-        let records = txn.open_table(RECORDS).ok()?.len().ok()?;
+        let records = self.inner.db.try_with(|db| {
+            let txn = db.begin_read().ok()?;
+            txn.open_table(RECORDS).ok()?.len().ok()
+        })?;
         Some(StoreStats::new(records, None))
+    }
+
+    /// Whether the store can serve: the file is not known to be damaged, the writer thread
+    /// runs (every write waits on it), and a read transaction opens on the records. A
+    /// readiness probe on a store whose writes all fail fails too.
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.inner.db.damage.check()?;
+        let stopped = self
+            .inner
+            .writer
+            .as_ref()
+            .is_none_or(JoinHandle::is_finished);
+        if stopped {
+            return Err(StoreError::unavailable("the redb writer stopped"));
+        }
+        self.read(|txn, _| txn.open_table(RECORDS).map(drop).map_err(storage))
+            .await
     }
 
     async fn scan(&self, query: &ScanQuery) -> Result<ScanPage, StoreError> {

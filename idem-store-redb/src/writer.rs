@@ -1,8 +1,8 @@
 //! The single writer thread: every write operation queued since its last commit is applied in
 //! one write transaction, committed once (one fsync for the batch), then answered.
 
+use std::sync::Arc;
 use std::sync::mpsc::Receiver;
-use std::sync::{Arc, RwLock};
 
 use idem_core::machine::{Step, Write};
 use idem_core::{Clock, Fence, Record, RecordKey, StoreError, Timestamp};
@@ -10,7 +10,8 @@ use redb::{Database, ReadableTable};
 
 use crate::codec;
 use crate::error::storage;
-use crate::store::{FENCE_FLOOR, MAX_BATCH, META, RECORDS, SWEEP_BATCH, begin_write, read_lock};
+use crate::guard::Db;
+use crate::store::{FENCE_FLOOR, MAX_BATCH, META, RECORDS, SWEEP_BATCH, begin_write};
 
 /// What the writer hands back once the batch's commit is settled: `None` if it committed.
 pub(crate) type Reply = Box<dyn FnOnce(Option<&(Arc<str>, bool)>) + Send>;
@@ -21,7 +22,7 @@ pub(crate) type Job = Box<dyn FnOnce(Option<&mut Batch<'_>>) -> Reply + Send>;
 /// The single writer: takes every operation queued since its last commit, applies them in one
 /// write transaction, commits once (one fsync for the batch), then answers them all.
 pub(crate) struct Writer {
-    pub(crate) db: Arc<RwLock<Database>>,
+    pub(crate) db: Arc<Db>,
     pub(crate) clock: Arc<dyn Clock>,
     /// The highest fence granted since the file was opened, or the floor.
     pub(crate) last_fence: u64,
@@ -51,9 +52,15 @@ impl Writer {
                     Err(_) => break,
                 }
             }
+            // Each operation runs under the guard (see `RedbStore::submit`), and the whole
+            // batch too: a panic in redb marks the file damaged instead of ending this thread.
+            // The operations of a batch that panicked outside their own guard (or that came
+            // once the file was known to be damaged) are dropped unanswered: their callers
+            // find the damage.
             let db = Arc::clone(&self.db);
-            let db = read_lock(&db);
-            let (replies, outcome) = self.batch(&db, jobs);
+            let Ok((replies, outcome)) = db.with(|db| Ok(self.batch(db, jobs))) else {
+                continue;
+            };
             let failure = outcome
                 .err()
                 .map(|e| (Arc::<str>::from(e.to_string()), e.is_retryable()));
@@ -77,7 +84,7 @@ impl Writer {
                 );
             }
         };
-        let (replies, last_fence, floor, dirty, broken) = {
+        let (replies, records, last_fence, floor, dirty, broken) = {
             let mut batch = Batch {
                 records,
                 clock: Arc::clone(&self.clock),
@@ -89,12 +96,21 @@ impl Writer {
             let replies: Vec<Reply> = jobs.into_iter().map(|job| job(Some(&mut batch))).collect();
             (
                 replies,
+                batch.records,
                 batch.last_fence,
                 batch.floor,
                 batch.dirty,
                 batch.broken,
             )
         };
+        if let Err(damage) = self.db.damage.check() {
+            // redb panicked inside an operation: its transaction is not rolled back (that
+            // would run redb on what the panic left), only left behind, as the file is.
+            std::mem::forget(records);
+            std::mem::forget(txn);
+            return (replies, Err(damage));
+        }
+        drop(records);
         if let Some(err) = broken {
             let _ = txn.abort();
             return (replies, Err(err));

@@ -9,6 +9,9 @@ use idem_core::{Store, StoreError};
 
 use crate::spec::StoreSpec;
 
+mod until_refused;
+use until_refused::{Refusal, UntilRefused};
+
 /// A store opened by [`OpenOptions`], with the short name to use as its metrics label.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -100,6 +103,7 @@ pub struct OpenOptions {
     memory_capacity: Option<NonZeroUsize>,
     memory_max_bytes: Option<NonZeroUsize>,
     create: bool,
+    redb_allow_empty_file: bool,
     retry_timeout: Option<Duration>,
 }
 
@@ -113,6 +117,7 @@ impl OpenOptions {
             memory_capacity: None,
             memory_max_bytes: None,
             create: true,
+            redb_allow_empty_file: false,
             retry_timeout: None,
         }
     }
@@ -141,6 +146,15 @@ impl OpenOptions {
     /// store: a mistyped path would answer "no record".
     pub fn create(mut self, create: bool) -> Self {
         self.create = create;
+        self
+    }
+
+    /// Whether an existing redb file of zero bytes is opened as a new, empty store (off by
+    /// default: it is refused, as its records were lost; see `allow_empty_file` of the redb
+    /// store's builder). Only with
+    /// [`OpenOptions::create`] on: a program that inspects a store never starts one.
+    pub fn redb_allow_empty_file(mut self, allow: bool) -> Self {
+        self.redb_allow_empty_file = allow;
         self
     }
 
@@ -199,7 +213,10 @@ impl OpenOptions {
     /// [`OpenOptions::retry_timeout`]), and answers every operation `StoreError::Unavailable`
     /// until it has, so an HTTP layer in front of it answers 503 + `Retry-After` and runs
     /// nothing. [`OpenedStore::deferred`] says why. For a program that may start before its
-    /// database.
+    /// database. A try that fails with an error no retry cures (a server that is up but
+    /// refuses the credentials, as it would have been at start) ends the tries: from then on
+    /// every operation answers that error, permanent (`StoreError::Backend`, not retryable),
+    /// and the store never tries to connect again.
     ///
     /// # Errors
     /// [`OpenError`] as [`OpenOptions::open`], except for a server that does not answer.
@@ -216,13 +233,21 @@ impl OpenOptions {
         }
     }
 
-    /// A store that did not answer (`error` says why): it connects on first use.
-    fn deferred(&self, spec: &StoreSpec, error: &StoreError) -> idem_core::Deferred {
+    /// A store that did not answer (`error` says why): it connects on first use, unless a
+    /// try fails with an error no retry cures (credentials the server refuses), which ends
+    /// the tries ([`UntilRefused`]).
+    fn deferred(&self, spec: &StoreSpec, error: &StoreError) -> UntilRefused {
         let (options, spec) = (Arc::new(self.clone()), Arc::new(spec.clone()));
-        idem_core::Deferred::new(spec.to_string(), error, move || {
-            let (options, spec) = (options.clone(), spec.clone());
-            async move { options.reconnect(&spec).await }
-        })
+        let refusal = Refusal::default();
+        let slot = refusal.clone();
+        let deferred = idem_core::Deferred::new(spec.to_string(), error, move || {
+            let (options, spec, slot) = (options.clone(), spec.clone(), slot.clone());
+            async move {
+                let tried = options.reconnect(&spec).await;
+                until_refused::record(&slot, &spec.to_string(), tried)
+            }
+        });
+        UntilRefused::new(deferred, refusal)
     }
 
     /// One try to connect a deferred store, bounded by the retry timeout.
@@ -278,8 +303,10 @@ impl OpenOptions {
                     });
                 }
                 // A local file opens or never will: never deferred.
-                let store =
-                    idem_store_redb::RedbStore::open(path).map_err(|error| down(spec, error))?;
+                let store = idem_store_redb::RedbStore::builder()
+                    .allow_empty_file(self.create && self.redb_allow_empty_file)
+                    .open(path)
+                    .map_err(|error| down(spec, error))?;
                 Ok(Arc::new(store))
             }
             #[allow(unreachable_patterns)]

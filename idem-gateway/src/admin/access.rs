@@ -1,13 +1,14 @@
-//! Who may ask the admin listener: the Host guard of a listener without a token
-//! ([`addressed_directly`]), and the throttle on wrong tokens ([`Throttle`]).
+//! Who may ask the admin listener: one `Host` ([`one_host`]), the Host guard of a listener
+//! without a token ([`addressed_directly`]), the cross-site guard of every state-changing
+//! request ([`cross_site`]), and the throttle on wrong tokens ([`Throttle`]).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use http::Request;
 use http::header;
+use http::{Method, Request};
 use subtle::ConstantTimeEq as _;
 
 /// Wrong tokens a peer may send within [`WINDOW`] before its wrong tokens are answered 429.
@@ -21,6 +22,62 @@ const MAX_PEERS: usize = 4096;
 /// a guess was right. Only the length may show, and the length of a token is no secret.
 pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
     bool::from(a.ct_eq(b))
+}
+
+/// Whether `request` has at most one `Host` field line. Two could each name another host to
+/// whoever reads them (RFC 9112 section 3.2 asks a server to refuse them with 400), as the
+/// gateway's own listener does.
+#[must_use]
+pub(crate) fn one_host<B>(request: &Request<B>) -> bool {
+    request
+        .headers()
+        .get_all(header::HOST)
+        .iter()
+        .nth(1)
+        .is_none()
+}
+
+/// Whether `request` changes something (any method but `GET`, `HEAD` and `OPTIONS`) and a
+/// browser sent it from another site: a form or a script of a page the operator visits
+/// (another port of `localhost` is another origin: a page the gateway proxies is one).
+///
+/// A browser says where a request comes from: `Sec-Fetch-Site` (every current browser), which
+/// must be `same-origin` (or `none`: the operator's own action, a bookmark); without it,
+/// `Origin`, which must name the host and port the request is addressed to (`Host`), as the
+/// browser saw them. A request with neither comes from no browser (curl, `idem keys --admin`)
+/// and is not refused here: the token, when one is set, guards it.
+#[must_use]
+pub(crate) fn cross_site<B>(request: &Request<B>) -> bool {
+    if matches!(
+        *request.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS
+    ) {
+        return false;
+    }
+    let headers = request.headers();
+    if let Some(site) = headers.get("sec-fetch-site") {
+        return !(site == "same-origin" || site == "none");
+    }
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return false;
+    };
+    let origin_authority = origin
+        .to_str()
+        .ok()
+        .and_then(|origin| origin.parse::<http::Uri>().ok())
+        .and_then(|uri| uri.authority().map(|a| a.as_str().to_ascii_lowercase()));
+    let host = match request.uri().authority() {
+        Some(authority) => Some(authority.as_str().to_ascii_lowercase()),
+        None => headers
+            .get(header::HOST)
+            .and_then(|host| host.to_str().ok())
+            .map(str::to_ascii_lowercase),
+    };
+    match (origin_authority, host) {
+        (Some(origin), Some(host)) => origin != host,
+        // `Origin: null` (a sandboxed page, a redirect across sites), or no host to compare.
+        _ => true,
+    }
 }
 
 /// Whether `request` names this listener by an IP address or `localhost` (or names no host).
@@ -198,6 +255,66 @@ mod tests {
             "http://evil.example/ui"
         )));
         assert!(addressed_directly(&to(None, "http://127.0.0.1:9901/ui")));
+    }
+
+    #[test]
+    fn two_host_lines_are_not_one_host() {
+        assert!(one_host(&to(Some("127.0.0.1:9901"), "/readyz")));
+        assert!(one_host(&to(None, "/readyz")));
+        let mut twice = to(Some("127.0.0.1:9901"), "/readyz");
+        twice
+            .headers_mut()
+            .append(header::HOST, "evil.example".parse().unwrap());
+        assert!(!one_host(&twice));
+    }
+
+    fn sent(method: Method, host: &str, headers: &[(&str, &str)]) -> Request<()> {
+        let mut request = Request::builder()
+            .method(method)
+            .uri("/ui/delete")
+            .header(header::HOST, host);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.body(()).unwrap()
+    }
+
+    #[test]
+    fn a_change_from_another_site_is_cross_site() {
+        let host = "127.0.0.1:9901";
+        for refused in [
+            &[("sec-fetch-site", "cross-site")][..],
+            // Another port of the same host is the same site, not the same origin.
+            &[("sec-fetch-site", "same-site")],
+            &[
+                ("sec-fetch-site", "cross-site"),
+                ("origin", "http://127.0.0.1:9901"),
+            ],
+            &[("origin", "http://127.0.0.1:8080")],
+            &[("origin", "http://evil.example")],
+            &[("origin", "null")],
+        ] {
+            assert!(
+                cross_site(&sent(Method::POST, host, refused)),
+                "{refused:?}"
+            );
+            assert!(
+                cross_site(&sent(Method::DELETE, host, refused)),
+                "{refused:?}"
+            );
+        }
+        for taken in [
+            &[][..],
+            &[("sec-fetch-site", "same-origin")],
+            &[("sec-fetch-site", "none")],
+            &[("origin", "http://127.0.0.1:9901")],
+            &[("origin", "HTTP://127.0.0.1:9901")],
+        ] {
+            assert!(!cross_site(&sent(Method::POST, host, taken)), "{taken:?}");
+        }
+        // Reading is never refused here (the page's own checks apply).
+        let read = sent(Method::GET, host, &[("sec-fetch-site", "cross-site")]);
+        assert!(!cross_site(&read));
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! The sessions of the operator page: a browser cannot send a bearer header from a link, so
 //! `POST /ui/login` with the admin token opens a session held in this process and names it in
 //! an `HttpOnly; SameSite=Strict` cookie (with `Secure` when the browser reached the listener
-//! over HTTPS, through a proxy that says so), written and read by the `cookie` crate. Each
-//! session carries its own CSRF token, which every form of the page repeats; requests that come
-//! with the bearer header (or to a listener without a token) use the process's CSRF token
-//! instead. Sessions end after 12 hours, on logout, or when the process stops.
+//! over HTTPS, through a proxy that says so), written and read by the `cookie` crate. On a
+//! listener without a token, the page opens a session for a visitor that comes without one.
+//! Each session carries its own CSRF token, which every form of the page repeats: a form is
+//! taken only with the token of the session its cookie names (a request with the bearer
+//! header needs none: a browser never sends that header on its own). Sessions end after 12
+//! hours, on logout, or when the process stops.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -34,10 +36,9 @@ struct Session {
     until: Instant,
 }
 
-/// The open sessions and the process's CSRF token.
+/// The open sessions.
 pub(crate) struct Sessions {
     open: Mutex<HashMap<String, Session>>,
-    csrf: String,
 }
 
 impl std::fmt::Debug for Sessions {
@@ -61,11 +62,10 @@ impl Sessions {
     pub(crate) fn new() -> Self {
         Sessions {
             open: Mutex::new(HashMap::new()),
-            csrf: secret(),
         }
     }
 
-    /// Opens a session: returns its id (for the cookie).
+    /// Opens a session: returns its id (for the cookie); [`Sessions::csrf_of`] its CSRF token.
     pub(crate) fn open(&self) -> String {
         let id = secret();
         let now = Instant::now();
@@ -106,12 +106,6 @@ impl Sessions {
     pub(crate) fn close(&self, id: &str) {
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
         open.retain(|candidate, _| !same(candidate.as_bytes(), id.as_bytes()));
-    }
-
-    /// The CSRF token of requests without a session (bearer header, or no token set).
-    #[must_use]
-    pub(crate) fn process_csrf(&self) -> &str {
-        &self.csrf
     }
 }
 
@@ -171,7 +165,7 @@ mod tests {
         assert_eq!(a.len(), 64);
         let csrf_a = sessions.csrf_of(&a).unwrap();
         assert_ne!(csrf_a, sessions.csrf_of(&b).unwrap());
-        assert_ne!(csrf_a, sessions.process_csrf());
+        assert_eq!(csrf_a.len(), 64);
         assert_eq!(sessions.csrf_of("nope"), None);
         sessions.close(&a);
         assert_eq!(sessions.csrf_of(&a), None);

@@ -4,8 +4,8 @@
 //! Everything that comes from the store is HTML-escaped (keys are client input).
 //!
 //! Forms: `POST /ui/login` (field `token`), `POST /ui/logout`, `POST /ui/delete` (fields
-//! `key`, `scope`, `csrf`). The page is served with a strict Content-Security-Policy and may not
-//! be framed.
+//! `key`, `scope`, `csrf`: the CSRF token of the visitor's session, see [`session`]). The page
+//! is served with a strict Content-Security-Policy and may not be framed.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -22,7 +22,7 @@ use serde::Deserialize;
 
 use super::access::same;
 use super::monitor::{InFlight, Monitor, scan_all};
-use super::{Access, Admin, NOT_ALLOWED, RenderMetrics, TOO_MANY, Visitor, session};
+use super::{Access, Admin, Grant, NOT_ALLOWED, RenderMetrics, TOO_MANY, Visitor, session};
 use super::{challenge, only, text, throttled};
 use crate::records::{ArgNames, record_key, time};
 
@@ -135,19 +135,43 @@ fn sign_in() -> Response {
     challenge(login_page(StatusCode::UNAUTHORIZED, None))
 }
 
-/// `GET /ui`: the page, or the login form for a visitor without access.
-async fn page(Shared(admin): Shared<Admin>, Extension(visitor): Extension<Visitor>) -> Response {
-    let Some((csrf, session)) = visitor.access else {
-        return sign_in();
+/// `GET /ui`: the page, or the login form for a visitor without access. A visitor of a
+/// listener without a token that comes without a live session gets one (and its cookie), so
+/// that its forms carry a CSRF token of its own.
+async fn page(
+    Shared(admin): Shared<Admin>,
+    Extension(visitor): Extension<Visitor>,
+    uri: http::Uri,
+    headers: HeaderMap,
+) -> Response {
+    // A logout button where there was a login.
+    let logout = admin.token.is_some() && matches!(visitor.grant, Some(Grant::Session { .. }));
+    let (csrf, opened) = match visitor.grant {
+        None => return sign_in(),
+        Some(Grant::Session { csrf }) => (csrf, None),
+        // The forms need no token: the header is the proof.
+        Some(Grant::Bearer) => (String::new(), None),
+        Some(Grant::Open) => {
+            let id = admin.sessions.open();
+            let csrf = admin.sessions.csrf_of(&id).unwrap_or_default();
+            (csrf, Some(id))
+        }
     };
     let page = Page {
         store: &*admin.store,
         metrics: admin.metrics.as_ref(),
         monitor: &admin.monitor,
         csrf: &csrf,
-        session,
+        session: logout,
     };
-    page.render().await
+    let mut response = page.render().await;
+    if let Some(id) = opened {
+        let cookie = session::set_cookie(Some(&id), session::over_https(&uri, &headers));
+        if let Ok(cookie) = HeaderValue::from_str(&cookie) {
+            response.headers_mut().insert(header::SET_COOKIE, cookie);
+        }
+    }
+    response
 }
 
 /// The field of the login form.
@@ -206,21 +230,29 @@ struct Delete {
     csrf: String,
 }
 
-/// `POST /ui/delete`: deletes the record, when the form carries the visitor's CSRF token.
+/// `POST /ui/delete`: deletes the record, when the form carries the CSRF token of the
+/// visitor's session (or the request the bearer header).
 async fn delete(
     Shared(admin): Shared<Admin>,
     Extension(visitor): Extension<Visitor>,
     form: Result<Form<Delete>, FormRejection>,
 ) -> Response {
-    let Some((csrf, _)) = visitor.access else {
-        return sign_in();
-    };
     let form = form.map(|Form(form)| form).unwrap_or_default();
-    if !same(form.csrf.as_bytes(), csrf.as_bytes()) {
-        return text(
+    let stale = || {
+        text(
             StatusCode::FORBIDDEN,
             "a stale or foreign form: reload /ui\n",
-        );
+        )
+    };
+    match &visitor.grant {
+        None => return sign_in(),
+        Some(Grant::Session { csrf }) if !same(form.csrf.as_bytes(), csrf.as_bytes()) => {
+            return stale();
+        }
+        Some(Grant::Session { .. } | Grant::Bearer) => {}
+        // No session, so no CSRF token the form could carry: a form the page of this
+        // listener did not make for this visitor.
+        Some(Grant::Open) => return stale(),
     }
     let key = match record_key(&form.key, &form.scope, ArgNames::PARAMS) {
         Ok(key) => key,
@@ -278,7 +310,7 @@ pub(crate) struct Page<'a> {
     pub monitor: &'a Monitor,
     /// The CSRF token the forms carry.
     pub csrf: &'a str,
-    /// Whether the visitor came with a session (a logout button is shown).
+    /// Whether the visitor signed in with the token (a logout button is shown).
     pub session: bool,
 }
 

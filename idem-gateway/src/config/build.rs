@@ -509,6 +509,7 @@ fn store_config(
         memory_capacity,
         memory_max_bytes,
         scope_secret,
+        redb_allow_empty: overrides.redb_allow_empty,
     };
     Ok(store)
 }

@@ -110,6 +110,8 @@ pub struct Overrides {
     pub scope_secret: Option<String>,
     /// `--no-admin`: no admin listener.
     pub no_admin: bool,
+    /// `--redb-allow-empty`: an existing empty redb file opens as a new store.
+    pub redb_allow_empty: bool,
 }
 
 /// The validated configuration.
@@ -194,6 +196,9 @@ pub struct StoreConfig {
     /// The secret credential scopes are hashed with (`IDEM_SCOPE_SECRET` or `[store]
     /// scope_secret_file`), if any.
     pub scope_secret: Option<ScopeSecretBytes>,
+    /// Whether an existing empty redb file opens as a new store (`--redb-allow-empty`);
+    /// refused otherwise.
+    pub redb_allow_empty: bool,
 }
 
 /// The bytes of a scope secret. Never shown: its `Debug` says only how long it is.
