@@ -10,7 +10,7 @@ use arbitrary::Arbitrary;
 use bytes::Bytes;
 use idem_core::{
     Failure, Fence, Fingerprint, IdempotencyKey, OwnerToken, Record, RecordKey, Scope, State,
-    StoreError, Timestamp,
+    StoreError, Timestamp, UnknownOutcome,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -29,16 +29,27 @@ struct Row {
     expires_at: u64,
     result: Option<Vec<u8>>,
     failure: Option<(String, bool)>,
+    unknown: Option<(String, bool, bool)>,
+    hold_until: Option<u64>,
     now: u64,
 }
 
 /// The invariants, written from the design rather than from `validate`.
 fn keeps_invariants(record: &Record) -> bool {
     let settled = record.completed_at.is_some();
+    let plain = record.unknown.is_none() && record.hold_until.is_none();
     let shape = match record.state {
-        State::InFlight => record.result.is_none() && record.failure.is_none() && !settled,
-        State::Completed => record.result.is_some() && settled,
-        State::Failed => record.failure.is_some() && settled,
+        State::InFlight => {
+            record.result.is_none() && record.failure.is_none() && !settled && plain
+        }
+        State::Completed => record.result.is_some() && settled && plain,
+        State::Failed => record.failure.is_some() && settled && plain,
+        State::Unknown => {
+            record.unknown.is_some()
+                && record.result.is_none()
+                && record.failure.is_none()
+                && settled
+        }
     };
     shape && record.fence >= Fence::MIN && record.attempt > 0
 }
@@ -76,6 +87,14 @@ fuzz_target!(|row: Row| {
         failure: row
             .failure
             .map(|(message, retryable)| Failure { message, retryable }),
+        unknown: row
+            .unknown
+            .map(|(reason, request_sent, head_seen)| UnknownOutcome {
+                reason,
+                request_sent,
+                head_seen,
+            }),
+        hold_until: row.hold_until.map(Timestamp::from_micros),
     };
     match record.validate() {
         Ok(()) => assert!(keeps_invariants(&record), "{record:?} was accepted"),

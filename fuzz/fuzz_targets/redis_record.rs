@@ -42,6 +42,8 @@ fn completed(result: Vec<u8>) -> Record {
         expires_at: Timestamp::from_micros(1_700_003_600_000_000),
         result: Some(Bytes::from(result)),
         failure: None,
+        unknown: None,
+        hold_until: None,
     }
 }
 

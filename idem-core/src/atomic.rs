@@ -49,6 +49,8 @@ impl fmt::Debug for Version {
 
 /// What a key holds, as the primitives read it.
 #[derive(Clone, Debug, PartialEq, Eq)]
+// A slot lives for one step; boxing the record would cost an allocation per read.
+#[allow(clippy::large_enum_variant)]
 pub enum Slot {
     /// A record, maybe expired (the machine judges that on the store's clock).
     Record(Record),

@@ -9,7 +9,7 @@
 //! ```text
 //! offset size  field
 //!      0    1  format version (1)
-//!      1    1  state: 0 in_flight, 1 completed, 2 failed
+//!      1    1  state: 0 in_flight, 1 completed, 2 failed, 3 unknown
 //!      2   32  fingerprint
 //!     34   16  owner token
 //!     50    8  fence
@@ -17,17 +17,22 @@
 //!     66    4  attempt
 //!     70    8  created_at
 //!     78    8  expires_at
-//!     86    1  flags: 1 completed_at, 2 result, 4 failure, 8 failure retryable
+//!     86    1  flags: 1 completed_at, 2 result, 4 failure, 8 failure retryable,
+//!                     16 unknown outcome, 32 its request sent, 64 its head seen, 128 hold_until
 //!     87       [completed_at: 8] [result: length u32, bytes] [failure: length u32, UTF-8]
+//!              [unknown reason: length u32, UTF-8] [hold_until: 8]
 //! ```
-//! Nothing may follow the last field.
+//! Nothing may follow the last field. The unknown state and its flags came later in format 1:
+//! every record written before reads as it did (its flags never set them), and a record
+//! written in the unknown state is not readable by a build that predates it (it is reported
+//! as corrupt there).
 
 use bytes::Bytes;
 
 use crate::error::StoreError;
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, RecordKey, Scope};
-use crate::record::{Failure, Record, State};
+use crate::record::{Failure, Record, State, UnknownOutcome};
 use crate::time::Timestamp;
 use crate::token::{Fence, OwnerToken};
 
@@ -42,6 +47,10 @@ const HAS_COMPLETED_AT: u8 = 1;
 const HAS_RESULT: u8 = 2;
 const HAS_FAILURE: u8 = 4;
 const FAILURE_RETRYABLE: u8 = 8;
+const HAS_UNKNOWN: u8 = 16;
+const UNKNOWN_REQUEST_SENT: u8 = 32;
+const UNKNOWN_HEAD_SEEN: u8 = 64;
+const HAS_HOLD_UNTIL: u8 = 128;
 
 /// The bytes of `key`.
 pub fn encode_key(key: &RecordKey) -> Vec<u8> {
@@ -99,13 +108,15 @@ fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) -> Result<(), StoreError> {
 pub fn encode_record(record: &Record) -> Result<Vec<u8>, StoreError> {
     let extra = record.result.as_ref().map_or(0, |r| r.len() + 4)
         + record.failure.as_ref().map_or(0, |f| f.message.len() + 4)
-        + 8;
+        + record.unknown.as_ref().map_or(0, |u| u.reason.len() + 4)
+        + 16;
     let mut out = Vec::with_capacity(FIXED_LEN + extra);
     out.push(FORMAT);
     out.push(match record.state {
         State::InFlight => 0,
         State::Completed => 1,
         State::Failed => 2,
+        State::Unknown => 3,
     });
     out.extend_from_slice(record.fingerprint.as_bytes());
     out.extend_from_slice(&record.owner.as_u128().to_be_bytes());
@@ -127,6 +138,18 @@ pub fn encode_record(record: &Record) -> Result<Vec<u8>, StoreError> {
             flags |= FAILURE_RETRYABLE;
         }
     }
+    if let Some(unknown) = &record.unknown {
+        flags |= HAS_UNKNOWN;
+        if unknown.request_sent {
+            flags |= UNKNOWN_REQUEST_SENT;
+        }
+        if unknown.head_seen {
+            flags |= UNKNOWN_HEAD_SEEN;
+        }
+    }
+    if record.hold_until.is_some() {
+        flags |= HAS_HOLD_UNTIL;
+    }
     out.push(flags);
     if let Some(at) = record.completed_at {
         put_u64(&mut out, at.as_micros());
@@ -136,6 +159,12 @@ pub fn encode_record(record: &Record) -> Result<Vec<u8>, StoreError> {
     }
     if let Some(failure) = &record.failure {
         put_bytes(&mut out, failure.message.as_bytes())?;
+    }
+    if let Some(unknown) = &record.unknown {
+        put_bytes(&mut out, unknown.reason.as_bytes())?;
+    }
+    if let Some(until) = record.hold_until {
+        put_u64(&mut out, until.as_micros());
     }
     Ok(out)
 }
@@ -198,6 +227,7 @@ fn parse(key: &RecordKey, raw: &[u8]) -> Result<Record, String> {
         0 => State::InFlight,
         1 => State::Completed,
         2 => State::Failed,
+        3 => State::Unknown,
         other => return Err(format!("unknown state {other}")),
     };
     let fingerprint = Fingerprint::from_bytes(r.array().ok_or_else(truncated)?);
@@ -208,12 +238,13 @@ fn parse(key: &RecordKey, raw: &[u8]) -> Result<Record, String> {
     let created_at = Timestamp::from_micros(r.u64().ok_or_else(truncated)?);
     let expires_at = Timestamp::from_micros(r.u64().ok_or_else(truncated)?);
     let flags = r.u8().ok_or_else(truncated)?;
-    if flags & !(HAS_COMPLETED_AT | HAS_RESULT | HAS_FAILURE | FAILURE_RETRYABLE) != 0 {
-        return Err(format!("unknown flags {flags:#04x}"));
-    }
-    // Each record has one encoding: the failure's retryable bit is never set without a failure.
+    // Each record has one encoding: the failure's retryable bit is never set without a failure,
+    // nor the bits of an unknown outcome without one.
     if flags & (HAS_FAILURE | FAILURE_RETRYABLE) == FAILURE_RETRYABLE {
         return Err("the retryable flag is set without a failure".to_owned());
+    }
+    if flags & HAS_UNKNOWN == 0 && flags & (UNKNOWN_REQUEST_SENT | UNKNOWN_HEAD_SEEN) != 0 {
+        return Err("the flags of an unknown outcome are set without one".to_owned());
     }
     let completed_at = if flags & HAS_COMPLETED_AT != 0 {
         Some(Timestamp::from_micros(r.u64().ok_or_else(truncated)?))
@@ -235,6 +266,22 @@ fn parse(key: &RecordKey, raw: &[u8]) -> Result<Record, String> {
     } else {
         None
     };
+    let unknown = if flags & HAS_UNKNOWN != 0 {
+        let reason = std::str::from_utf8(r.sized().ok_or_else(truncated)?)
+            .map_err(|_| "the unknown outcome's reason is not UTF-8".to_owned())?;
+        Some(UnknownOutcome {
+            reason: reason.to_owned(),
+            request_sent: flags & UNKNOWN_REQUEST_SENT != 0,
+            head_seen: flags & UNKNOWN_HEAD_SEEN != 0,
+        })
+    } else {
+        None
+    };
+    let hold_until = if flags & HAS_HOLD_UNTIL != 0 {
+        Some(Timestamp::from_micros(r.u64().ok_or_else(truncated)?))
+    } else {
+        None
+    };
     if !r.bytes.is_empty() {
         return Err(format!("{} bytes after the record", r.bytes.len()));
     }
@@ -251,6 +298,8 @@ fn parse(key: &RecordKey, raw: &[u8]) -> Result<Record, String> {
         expires_at,
         result,
         failure,
+        unknown,
+        hold_until,
     })
 }
 
@@ -301,6 +350,10 @@ mod tests {
             expires_at: Timestamp::from_micros(1_700_003_600_000_000),
             result: (state == State::Completed).then(|| Bytes::from_static(b"\x00\xffresult")),
             failure: (state == State::Failed).then(|| Failure::permanent("déclinée")),
+            unknown: (state == State::Unknown)
+                .then(|| UnknownOutcome::new("délai dépassé").head_seen(true)),
+            hold_until: (state == State::Unknown)
+                .then(|| Timestamp::from_micros(1_700_000_901_000_000)),
         }
     }
 
@@ -313,6 +366,60 @@ mod tests {
             assert_eq!(expires_at(&raw), Some(record.expires_at));
             assert_eq!(fence(&raw), Some(record.fence.get()));
         }
+    }
+
+    #[test]
+    fn unknown_records_round_trip_with_and_without_a_hold() {
+        let mut record = record(State::Unknown);
+        for (sent, head, hold) in [
+            (true, true, true),
+            (true, false, false),
+            (false, false, true),
+            (false, true, false),
+        ] {
+            record.unknown = Some(UnknownOutcome::new("").request_sent(sent).head_seen(head));
+            record.hold_until = hold.then(|| Timestamp::from_micros(7));
+            let raw = encode_record(&record).unwrap();
+            assert_eq!(decode_record(&key(), &raw).unwrap(), record);
+        }
+    }
+
+    /// A record written before the unknown state existed (format 1, flags of its time) reads
+    /// as it did: these are the bytes of a failed record of that build.
+    #[test]
+    fn records_of_earlier_builds_still_read() {
+        let failed = record(State::Failed);
+        let raw = encode_record(&failed).unwrap();
+        assert_eq!(raw[FIXED_LEN - 1], HAS_COMPLETED_AT | HAS_FAILURE);
+        let mut old = raw[..FIXED_LEN].to_vec();
+        old.extend_from_slice(
+            &Timestamp::from_micros(1_700_000_001_000_000)
+                .as_micros()
+                .to_be_bytes(),
+        );
+        old.extend_from_slice(&(u32::try_from("déclinée".len()).unwrap()).to_be_bytes());
+        old.extend_from_slice("déclinée".as_bytes());
+        assert_eq!(old, raw);
+        assert_eq!(decode_record(&key(), &old).unwrap(), failed);
+    }
+
+    #[test]
+    fn unknown_flags_without_an_outcome_are_corrupt() {
+        let raw = encode_record(&record(State::Completed)).unwrap();
+        for bit in [UNKNOWN_REQUEST_SENT, UNKNOWN_HEAD_SEEN] {
+            let mut flagged = raw.clone();
+            flagged[FIXED_LEN - 1] |= bit;
+            let err = decode_record(&key(), &flagged).unwrap_err();
+            assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+        }
+        // An unknown record without its outcome breaks the invariants.
+        let mut unknown = record(State::Unknown);
+        unknown.unknown = None;
+        let raw = encode_record(&unknown).unwrap();
+        assert!(matches!(
+            decode_record(&key(), &raw),
+            Err(StoreError::Corrupt { .. })
+        ));
     }
 
     #[test]

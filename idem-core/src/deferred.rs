@@ -37,8 +37,9 @@ use bytes::Bytes;
 
 use crate::error::StoreError;
 use crate::key::RecordKey;
-use crate::record::{Failure, Record};
+use crate::record::{Failure, Record, UnknownOutcome};
 use crate::store::{ClaimOutcome, ClaimRequest, Lease, ScanPage, ScanQuery, Store, StoreStats};
+use crate::token::Fence;
 
 /// One try to connect: the connected store, or why it is not.
 type Connecting = Pin<Box<dyn Future<Output = Result<Arc<dyn Store>, StoreError>> + Send>>;
@@ -192,6 +193,36 @@ impl Store for Deferred {
         self.store().await?.release(lease).await
     }
 
+    async fn settle_unknown(
+        &self,
+        lease: &Lease,
+        outcome: UnknownOutcome,
+        hold: Option<Duration>,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.store()
+            .await?
+            .settle_unknown(lease, outcome, hold, retention)
+            .await
+    }
+
+    async fn resolve_completed(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        result: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.store()
+            .await?
+            .resolve_completed(key, fence, result, retention)
+            .await
+    }
+
+    async fn resolve_released(&self, key: &RecordKey, fence: Fence) -> Result<(), StoreError> {
+        self.store().await?.resolve_released(key, fence).await
+    }
+
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
         self.store().await?.get(key).await
     }
@@ -240,6 +271,27 @@ mod tests {
             Err(StoreError::unavailable("answered"))
         }
         async fn release(&self, _: &Lease) -> Result<(), StoreError> {
+            Err(StoreError::unavailable("answered"))
+        }
+        async fn settle_unknown(
+            &self,
+            _: &Lease,
+            _: UnknownOutcome,
+            _: Option<Duration>,
+            _: Duration,
+        ) -> Result<(), StoreError> {
+            Err(StoreError::unavailable("answered"))
+        }
+        async fn resolve_completed(
+            &self,
+            _: &RecordKey,
+            _: Fence,
+            _: Bytes,
+            _: Duration,
+        ) -> Result<(), StoreError> {
+            Err(StoreError::unavailable("answered"))
+        }
+        async fn resolve_released(&self, _: &RecordKey, _: Fence) -> Result<(), StoreError> {
             Err(StoreError::unavailable("answered"))
         }
         async fn get(&self, _: &RecordKey) -> Result<Option<Record>, StoreError> {

@@ -18,9 +18,10 @@ use crate::atomic::{Created, Held, Primitives, Slot, Swapped, Version, Versioned
 use crate::error::StoreError;
 use crate::key::RecordKey;
 use crate::machine::{self, Step, Write};
-use crate::record::{Failure, Record};
+use crate::record::{Failure, Record, UnknownOutcome};
 use crate::store::{ClaimOutcome, ClaimRequest, Lease, ScanPage, ScanQuery, Store};
 use crate::time::Timestamp;
+use crate::token::Fence;
 
 /// How many times one transition decides again after losing a compare-and-set to another
 /// writer of the same key, before it gives up with a retryable error.
@@ -114,7 +115,7 @@ impl<P: Primitives> Driven<P> {
         let mut current: Option<Versioned> = None;
         for _ in 0..MAX_DECISIONS {
             let now = self.claim_now();
-            let (existing, min_fence) = current.as_ref().map_or((None, crate::Fence::MIN), |f| {
+            let (existing, min_fence) = current.as_ref().map_or((None, Fence::MIN), |f| {
                 (f.slot.record(), f.slot.min_fence())
             });
             let step = machine::claim(existing, request, now, min_fence, owner)?;
@@ -214,6 +215,39 @@ impl<P: Primitives> Driven<P> {
             }
         }
         Err(contended(&lease.key))
+    }
+
+    /// A resolution of `key` (no lease, so no cache): `decide` on a read, then one
+    /// compare-and-set; on a lost one, decided again from what won.
+    async fn resolve(
+        &self,
+        key: &RecordKey,
+        decide: impl Fn(Option<&Record>, Timestamp) -> Result<Step<()>, StoreError>,
+    ) -> Result<(), StoreError> {
+        let mut current = self.read(key).await?;
+        for _ in 0..MAX_DECISIONS {
+            let now = self.primitives.now();
+            let step = decide(current.as_ref().and_then(|f| f.slot.record()), now)?;
+            let (found, slot, ttl) = match (&current, step.write) {
+                (_, Write::Nothing) => return Ok(()),
+                (None, _) => return Err(unexpected("a resolution writes an absent key")),
+                (Some(found), Write::Put(record)) => {
+                    let ttl = self.ttl(&record, now);
+                    (found, Slot::Record(record), ttl)
+                }
+                (Some(found), Write::Remove) => {
+                    let Some(record) = found.slot.record() else {
+                        return Err(unexpected("a resolution removes a tombstone"));
+                    };
+                    (found, Slot::Tombstone(record.fence), self.tombstone_ttl())
+                }
+            };
+            match self.swap(key, &found.version, &slot, ttl).await? {
+                Swapped::Swapped(_) => return Ok(()),
+                Swapped::Lost(won) => current = won,
+            }
+        }
+        Err(contended(key))
     }
 
     async fn delete_decided(&self, key: &RecordKey) -> Result<bool, StoreError> {
@@ -344,6 +378,47 @@ impl<P: Primitives> Store for Driven<P> {
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         let decide = |existing: Option<&Record>, now| machine::release(existing, lease, now);
         self.settle(lease, decide).await.map(drop)
+    }
+
+    async fn settle_unknown(
+        &self,
+        lease: &Lease,
+        outcome: UnknownOutcome,
+        hold: Option<Duration>,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let policy = self.primitives.lease_policy();
+        let decide = |existing: Option<&Record>, now| {
+            machine::settle_unknown(
+                existing,
+                lease,
+                outcome.clone(),
+                hold,
+                retention,
+                now,
+                policy,
+            )
+        };
+        self.settle(lease, decide).await.map(drop)
+    }
+
+    async fn resolve_completed(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        result: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let decide = |existing: Option<&Record>, now| {
+            machine::resolve_completed(existing, fence, result.clone(), retention, now)
+        };
+        self.resolve(key, decide).await
+    }
+
+    async fn resolve_released(&self, key: &RecordKey, fence: Fence) -> Result<(), StoreError> {
+        let decide =
+            |existing: Option<&Record>, now| machine::resolve_released(existing, fence, now);
+        self.resolve(key, decide).await
     }
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {

@@ -31,6 +31,12 @@ pub enum TransitionRejection {
         /// The state the record is in.
         state: State,
     },
+    /// A resolution ([`crate::Store::resolve_completed`], [`crate::Store::resolve_released`])
+    /// found the record in another state than [`State::Unknown`]: nothing was changed.
+    NotUnknown {
+        /// The state the record is in.
+        state: State,
+    },
 }
 
 impl fmt::Display for TransitionRejection {
@@ -43,6 +49,9 @@ impl fmt::Display for TransitionRejection {
             TransitionRejection::LeaseExpired => f.write_str("the lease ran out"),
             TransitionRejection::AlreadySettled { state } => {
                 write!(f, "the record is already {state}")
+            }
+            TransitionRejection::NotUnknown { state } => {
+                write!(f, "the record is {state}, not unknown")
             }
         }
     }

@@ -45,7 +45,8 @@
 //! The pieces:
 //! - [`IdempotencyKey`], [`Scope`], [`RecordKey`]: where a record lives;
 //! - [`Fingerprint`]: the identity of a request, to catch a reused key with another payload;
-//! - [`Record`] and [`State`]: what a store keeps;
+//! - [`Record`] and [`State`]: what a store keeps; [`UnknownOutcome`]: what a record whose
+//!   outcome was lost keeps ([`State::Unknown`]);
 //! - [`machine`]: the transitions, as pure functions;
 //! - [`Store`], [`StoreError`]: the contract of every backend;
 //! - [`atomic::Primitives`] and [`Driven`]: the atomic operations of a remote store, and the one
@@ -76,7 +77,7 @@ pub use error::{BoxError, RedactedError, StoreError, TransitionRejection};
 pub use estimate::ClockEstimate;
 pub use fingerprint::{Fingerprint, FingerprintBuilder, ParseFingerprintError};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN, RecordKey, Scope};
-pub use record::{Failure, ParseStateError, Record, State};
+pub use record::{Failure, ParseStateError, Record, State, UnknownOutcome};
 pub use store::{
     ClaimOutcome, ClaimRequest, Lease, ScanEntry, ScanPage, ScanQuery, Store, StoreStats,
     UnreadableRecord,

@@ -11,6 +11,11 @@
 //!     ▲                                                 │  │  │
 //!     │ release / fail(retryable) / expiry              │  │  └─fail(permanent)─▶ failed ──expiry──▶ absent
 //!     └─────────────────────────────────────────────────┘  └────complete───────▶ completed ─expiry─▶ absent
+//!
+//!   in_flight ──settle_unknown──▶ unknown ──resolve_completed──▶ completed
+//!                                   │  │
+//!                                   │  └─resolve_released / delete / expiry──▶ absent
+//!                                   └─claim after hold_until──▶ in_flight (attempt + 1, higher fence)
 //! ```
 //!
 //! Rules that hold in every state:
@@ -18,6 +23,8 @@
 //! - a claim with another fingerprint is answered [`ClaimOutcome::Mismatch`] before anything else
 //!   and changes nothing;
 //! - a holder's transition is refused unless its owner token and fence match the record's;
+//! - a resolution (an operator's, not a holder's) acts only on a record still
+//!   [`State::Unknown`] at the fence the resolver saw;
 //! - a fence is `max(previous + 1, now in microseconds, min_fence)`, so it strictly increases.
 
 use std::time::Duration;
@@ -26,7 +33,7 @@ use bytes::Bytes;
 
 use crate::atomic::Held;
 use crate::error::{StoreError, TransitionRejection};
-use crate::record::{Failure, Record, State};
+use crate::record::{Failure, Record, State, UnknownOutcome};
 use crate::store::{ClaimOutcome, ClaimRequest, Lease};
 use crate::time::Timestamp;
 use crate::token::{Fence, OwnerToken};
@@ -120,6 +127,12 @@ pub fn claim(
         match record.state {
             State::Completed => return Ok(Step::answer(ClaimOutcome::Completed(record.clone()))),
             State::Failed => return Ok(Step::answer(ClaimOutcome::Failed(record.clone()))),
+            // The outcome is not known: never run again, until resolved or the hold lapses
+            // (then granted below, as after a lapsed lease).
+            State::Unknown if !record.hold_lapsed(now) => {
+                return Ok(Step::answer(ClaimOutcome::Unknown(record.clone())));
+            }
+            State::Unknown => {}
             State::InFlight if record.is_live(now) && request.owner == Some(record.owner) => {
                 // This very claim, sent again (its answer was lost): the same grant.
                 return Ok(Step::answer(ClaimOutcome::Acquired {
@@ -142,7 +155,8 @@ pub fn claim(
             State::InFlight => {}
         }
     }
-    // Absent, expired, or in flight with a lapsed lease: grant. The fence of an expired record
+    // Absent, expired, in flight with a lapsed lease, or unknown with a lapsed hold: grant. The
+    // fence of an expired record
     // still counts, so fences never go back.
     let taken_over = current.is_some();
     let fence = next_fence(existing.map(|r| r.fence), now, min_fence);
@@ -160,6 +174,8 @@ pub fn claim(
         expires_at: lease_until.saturating_add(request.lease),
         result: None,
         failure: None,
+        unknown: None,
+        hold_until: None,
     };
     let lease = Lease {
         key: record.key.clone(),
@@ -252,8 +268,8 @@ pub fn complete(
     let record = held(existing, lease, now)?.ok_or(TransitionRejection::NotFound)?;
     match record.state {
         State::Completed => Ok(Step::answer(())),
-        State::Failed => Err(TransitionRejection::AlreadySettled {
-            state: State::Failed,
+        State::Failed | State::Unknown => Err(TransitionRejection::AlreadySettled {
+            state: record.state,
         }
         .into()),
         State::InFlight => {
@@ -296,10 +312,12 @@ pub fn fail(
     };
     match record.state {
         State::Failed if !failure.retryable => Ok(Step::answer(())),
-        State::Completed | State::Failed => Err(TransitionRejection::AlreadySettled {
-            state: record.state,
+        State::Completed | State::Failed | State::Unknown => {
+            Err(TransitionRejection::AlreadySettled {
+                state: record.state,
+            }
+            .into())
         }
-        .into()),
         State::InFlight => {
             check_policy(record, now, policy)?;
             if failure.retryable {
@@ -339,6 +357,129 @@ pub fn release(
             answer: (),
         }),
         Some(record) => Err(TransitionRejection::AlreadySettled {
+            state: record.state,
+        }
+        .into()),
+    }
+}
+
+/// `settle_unknown`: the holder lost the answer of its side effect; the record keeps `outcome`
+/// for `retention` and holds the key (every claim answers [`ClaimOutcome::Unknown`]) until it
+/// is resolved, or until `hold` from now has passed (`None`: no end but the retention). A
+/// re-sent settle of the same lease is answered `Ok` without a write.
+///
+/// A hold longer than the retention ends with the record: at expiry the key is free.
+///
+/// # Errors
+/// [`StoreError::Rejected`] if the record is gone, held by another attempt, completed or
+/// failed, or (strict) the lease lapsed; [`StoreError::Corrupt`] for a broken record.
+pub fn settle_unknown(
+    existing: Option<&Record>,
+    lease: &Lease,
+    outcome: UnknownOutcome,
+    hold: Option<Duration>,
+    retention: Duration,
+    now: Timestamp,
+    policy: LeasePolicy,
+) -> Result<Step<()>, StoreError> {
+    let record = held(existing, lease, now)?.ok_or(TransitionRejection::NotFound)?;
+    match record.state {
+        State::Unknown => Ok(Step::answer(())),
+        State::Completed | State::Failed => Err(TransitionRejection::AlreadySettled {
+            state: record.state,
+        }
+        .into()),
+        State::InFlight => {
+            check_policy(record, now, policy)?;
+            let mut updated = record.clone();
+            updated.state = State::Unknown;
+            updated.completed_at = Some(now);
+            updated.expires_at = now.saturating_add(retention);
+            updated.unknown = Some(outcome);
+            updated.hold_until = hold.map(|hold| now.saturating_add(hold));
+            Ok(Step {
+                write: Write::Put(updated),
+                answer: (),
+            })
+        }
+    }
+}
+
+/// The record a resolution acts on: live, and at the `fence` the resolver saw.
+fn resolvable(
+    existing: Option<&Record>,
+    fence: Fence,
+    now: Timestamp,
+) -> Result<Option<&Record>, StoreError> {
+    match live_record(existing, now)? {
+        Some(record) if record.fence != fence => Err(TransitionRejection::Superseded {
+            current: record.fence,
+        }
+        .into()),
+        other => Ok(other),
+    }
+}
+
+/// `resolve_completed`: an operator (or a reconciler) learned that the operation of an unknown
+/// record did happen, with `result`: the record becomes completed, kept for `retention`, and
+/// every later claim replays it. `fence` is the fence of the unknown record the resolver saw.
+/// Re-sending the same resolution is answered `Ok` without a write.
+///
+/// # Errors
+/// [`StoreError::Rejected`]: [`TransitionRejection::NotFound`] if there is no record,
+/// [`TransitionRejection::Superseded`] if the record is at another fence (a newer attempt),
+/// [`TransitionRejection::NotUnknown`] if it is not unknown; [`StoreError::Corrupt`] for a
+/// broken record.
+pub fn resolve_completed(
+    existing: Option<&Record>,
+    fence: Fence,
+    result: Bytes,
+    retention: Duration,
+    now: Timestamp,
+) -> Result<Step<()>, StoreError> {
+    let record = resolvable(existing, fence, now)?.ok_or(TransitionRejection::NotFound)?;
+    match record.state {
+        State::Unknown => {
+            let mut updated = record.clone();
+            updated.state = State::Completed;
+            updated.completed_at = Some(now);
+            updated.expires_at = now.saturating_add(retention);
+            updated.result = Some(result);
+            updated.unknown = None;
+            updated.hold_until = None;
+            Ok(Step {
+                write: Write::Put(updated),
+                answer: (),
+            })
+        }
+        // Only a resolution completes a record at the fence of an unknown one: this one, sent
+        // again.
+        State::Completed if record.result.as_ref() == Some(&result) => Ok(Step::answer(())),
+        state => Err(TransitionRejection::NotUnknown { state }.into()),
+    }
+}
+
+/// `resolve_released`: an operator (or a reconciler) learned that the operation of an unknown
+/// record did not happen, or decided it may run again: the record is removed and the next
+/// claim runs the operation. `fence` is the fence of the unknown record the resolver saw. A
+/// key already free is answered `Ok` (a re-sent resolution).
+///
+/// # Errors
+/// [`StoreError::Rejected`]: [`TransitionRejection::Superseded`] if the record is at another
+/// fence (a newer attempt), [`TransitionRejection::NotUnknown`] if it is not unknown;
+/// [`StoreError::Corrupt`] for a broken record.
+pub fn resolve_released(
+    existing: Option<&Record>,
+    fence: Fence,
+    now: Timestamp,
+) -> Result<Step<()>, StoreError> {
+    match resolvable(existing, fence, now)? {
+        None => Ok(Step::answer(())),
+        Some(record) if record.state == State::Unknown => Ok(Step {
+            write: Write::Remove,
+            answer: (),
+        }),
+        Some(record) => Err(TransitionRejection::NotUnknown {
             state: record.state,
         }
         .into()),

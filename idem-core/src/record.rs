@@ -21,20 +21,39 @@ pub enum State {
     Completed,
     /// The operation failed permanently; the record holds the failure.
     Failed,
+    /// The attempt that held the key lost the answer of its side effect (the request went out,
+    /// the reply never came back): nobody knows whether the operation happened. The record
+    /// holds what is known ([`UnknownOutcome`]); a claim is answered
+    /// [`crate::ClaimOutcome::Unknown`] and never runs the operation again until the record is
+    /// resolved ([`crate::Store::resolve_completed`], [`crate::Store::resolve_released`],
+    /// [`crate::Store::delete`]) or its hold lapses ([`Record::hold_until`]).
+    Unknown,
 }
 
 impl State {
     /// Every state, in order.
-    pub const ALL: [State; 3] = [State::InFlight, State::Completed, State::Failed];
+    pub const ALL: [State; 4] = [
+        State::InFlight,
+        State::Completed,
+        State::Failed,
+        State::Unknown,
+    ];
 
-    /// `in_flight`, `completed` or `failed`: the name stores and the CLI use.
+    /// `in_flight`, `completed`, `failed` or `unknown`: the name stores and the CLI use.
     #[must_use]
     pub const fn as_str(self) -> &'static str {
         match self {
             State::InFlight => "in_flight",
             State::Completed => "completed",
             State::Failed => "failed",
+            State::Unknown => "unknown",
         }
+    }
+
+    /// Whether the state is settled: completed, failed or unknown (not in flight).
+    #[must_use]
+    pub const fn is_settled(self) -> bool {
+        !matches!(self, State::InFlight)
     }
 }
 
@@ -46,7 +65,7 @@ impl fmt::Display for State {
 
 /// The text is not a state name.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown state {0:?}: expected in_flight, completed or failed")]
+#[error("unknown state {0:?}: expected in_flight, completed, failed or unknown")]
 pub struct ParseStateError(pub String);
 
 impl FromStr for State {
@@ -90,12 +109,58 @@ impl Failure {
     }
 }
 
+/// What is known of an attempt whose outcome was lost: kept in a record in
+/// [`State::Unknown`], like [`Failure`] in a failed one.
+///
+/// ```
+/// use idem_core::UnknownOutcome;
+///
+/// let outcome = UnknownOutcome::new("upstream timed out after 30 s").request_sent(true);
+/// assert!(outcome.request_sent && !outcome.head_seen);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct UnknownOutcome {
+    /// What happened, for a human (`upstream timed out`, `connection reset after the head`).
+    pub reason: String,
+    /// Whether the request (the side effect) was sent, as far as the attempt knows. `false`
+    /// only when the attempt knows it never left; the safe default is `true`.
+    pub request_sent: bool,
+    /// Whether the start of an answer (an HTTP response head, say) was seen before it broke.
+    pub head_seen: bool,
+}
+
+impl UnknownOutcome {
+    /// An outcome lost for `reason`; the request counts as sent, no answer as seen.
+    #[must_use]
+    pub fn new(reason: impl Into<String>) -> Self {
+        UnknownOutcome {
+            reason: reason.into(),
+            request_sent: true,
+            head_seen: false,
+        }
+    }
+
+    /// The same, with whether the request was sent.
+    #[must_use]
+    pub fn request_sent(mut self, sent: bool) -> Self {
+        self.request_sent = sent;
+        self
+    }
+
+    /// The same, with whether the start of an answer was seen.
+    #[must_use]
+    pub fn head_seen(mut self, seen: bool) -> Self {
+        self.head_seen = seen;
+        self
+    }
+}
+
 /// One record per (scope, key): the state of one business operation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
     /// Where the record lives.
     pub key: RecordKey,
-    /// In flight, completed or failed.
+    /// In flight, completed, failed or unknown.
     pub state: State,
     /// The identity of the request or job that claimed the key.
     pub fingerprint: Fingerprint,
@@ -109,7 +174,7 @@ pub struct Record {
     pub attempt: u32,
     /// When the record was created.
     pub created_at: Timestamp,
-    /// When the record was completed or failed.
+    /// When the record was settled: completed, failed or marked unknown.
     pub completed_at: Option<Timestamp>,
     /// When the record stops existing (retention; for an in-flight record, one lease after the
     /// lease ends). An expired record is treated as absent.
@@ -118,6 +183,12 @@ pub struct Record {
     pub result: Option<Bytes>,
     /// The failure of a failed record.
     pub failure: Option<Failure>,
+    /// What is known of the attempt of a record in [`State::Unknown`].
+    pub unknown: Option<UnknownOutcome>,
+    /// Until when a record in [`State::Unknown`] holds its key: a claim after it is granted,
+    /// as after a lapsed lease (a new attempt, with a higher fence). `None`: until it is
+    /// resolved (or expires). Always `None` in the other states.
+    pub hold_until: Option<Timestamp>,
 }
 
 impl Record {
@@ -131,6 +202,13 @@ impl Record {
     #[must_use]
     pub fn is_live(&self, now: Timestamp) -> bool {
         self.state == State::InFlight && now < self.lease_until
+    }
+
+    /// Whether the record is unknown with a hold that has lapsed at `now`: a claim may take the
+    /// key over (see [`Record::hold_until`]).
+    #[must_use]
+    pub fn hold_lapsed(&self, now: Timestamp) -> bool {
+        self.state == State::Unknown && self.hold_until.is_some_and(|until| now >= until)
     }
 
     /// The age of the record at `now`.
@@ -156,7 +234,18 @@ impl Record {
             }
             State::Completed if self.result.is_none() => Some("a completed record has no result"),
             State::Failed if self.failure.is_none() => Some("a failed record has no failure"),
-            State::Completed | State::Failed if self.completed_at.is_none() => {
+            State::Unknown if self.unknown.is_none() => {
+                Some("an unknown record does not say what is known")
+            }
+            State::Unknown if self.result.is_some() => Some("an unknown record holds a result"),
+            State::Unknown if self.failure.is_some() => Some("an unknown record holds a failure"),
+            State::InFlight | State::Completed | State::Failed if self.unknown.is_some() => {
+                Some("a record that is not unknown holds an unknown outcome")
+            }
+            State::InFlight | State::Completed | State::Failed if self.hold_until.is_some() => {
+                Some("a record that is not unknown has a hold deadline")
+            }
+            State::Completed | State::Failed | State::Unknown if self.completed_at.is_none() => {
                 Some("a settled record has no completion time")
             }
             _ if self.fence < Fence::MIN => Some("the fence is zero"),

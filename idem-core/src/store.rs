@@ -13,7 +13,7 @@ use crate::atomic::Held;
 use crate::error::StoreError;
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, RecordKey, Scope};
-use crate::record::{Failure, Record, State};
+use crate::record::{Failure, Record, State, UnknownOutcome};
 use crate::time::Timestamp;
 use crate::token::{Fence, OwnerToken};
 
@@ -106,6 +106,11 @@ pub enum ClaimOutcome {
     Completed(Record),
     /// The operation failed permanently: here is its record, with the failure.
     Failed(Record),
+    /// An earlier attempt lost the answer of its side effect: nobody knows whether the
+    /// operation happened, so it is not run again. Here is its record, with what is known
+    /// ([`Record::unknown`]) and until when it holds the key ([`Record::hold_until`]). An
+    /// operator resolves it ([`Store::resolve_completed`], [`Store::resolve_released`]).
+    Unknown(Record),
     /// The key is in use with another fingerprint (another payload). The record is untouched
     /// and not revealed.
     Mismatch,
@@ -120,6 +125,7 @@ impl ClaimOutcome {
             ClaimOutcome::InFlight { .. } => "in_flight",
             ClaimOutcome::Completed(_) => "completed",
             ClaimOutcome::Failed(_) => "failed",
+            ClaimOutcome::Unknown(_) => "unknown",
             ClaimOutcome::Mismatch => "mismatch",
         }
     }
@@ -418,6 +424,47 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// [`StoreError::Rejected`] if another attempt holds the key or the record is settled.
     async fn release(&self, lease: &Lease) -> Result<(), StoreError>;
 
+    /// Settles the record as [`State::Unknown`]: the holder sent its side effect and lost the
+    /// answer, so nobody knows whether it happened. The record keeps `outcome` for `retention`,
+    /// and every claim is answered [`ClaimOutcome::Unknown`] (the operation is not run again)
+    /// until it is resolved, or until `hold` has passed (`None`: no end but the retention), after
+    /// which a claim is granted as after a lapsed lease. Re-sending it after a lost reply
+    /// returns `Ok`. See [`crate::machine::settle_unknown`].
+    ///
+    /// # Errors
+    /// [`StoreError::Rejected`] unless `lease` holds the record in flight.
+    async fn settle_unknown(
+        &self,
+        lease: &Lease,
+        outcome: UnknownOutcome,
+        hold: Option<Duration>,
+        retention: Duration,
+    ) -> Result<(), StoreError>;
+
+    /// Resolves an unknown record as completed with `result` (an operator's or a reconciler's
+    /// action, not a holder's): kept for `retention` and replayed from then on. `fence` is the
+    /// fence of the unknown record as the resolver read it, so a resolution never overwrites a
+    /// newer attempt. Re-sending it returns `Ok`. See [`crate::machine::resolve_completed`].
+    ///
+    /// # Errors
+    /// [`StoreError::Rejected`] unless the record at `key` is still unknown at `fence`.
+    async fn resolve_completed(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        result: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError>;
+
+    /// Resolves an unknown record by freeing its key (an operator's or a reconciler's action):
+    /// the next claim runs the operation. `fence` is the fence of the unknown record as the
+    /// resolver read it. A key already free returns `Ok`. See
+    /// [`crate::machine::resolve_released`].
+    ///
+    /// # Errors
+    /// [`StoreError::Rejected`] if the record at `key` is not unknown, or at another fence.
+    async fn resolve_released(&self, key: &RecordKey, fence: Fence) -> Result<(), StoreError>;
+
     /// The record at `key`, if there is one that has not expired.
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError>;
 
@@ -515,6 +562,49 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         Self: 'f,
     {
         (**self).release(lease)
+    }
+
+    fn settle_unknown<'s, 'l, 'f>(
+        &'s self,
+        lease: &'l Lease,
+        outcome: UnknownOutcome,
+        hold: Option<Duration>,
+        retention: Duration,
+    ) -> StoreFuture<'f, ()>
+    where
+        's: 'f,
+        'l: 'f,
+        Self: 'f,
+    {
+        (**self).settle_unknown(lease, outcome, hold, retention)
+    }
+
+    fn resolve_completed<'s, 'k, 'f>(
+        &'s self,
+        key: &'k RecordKey,
+        fence: Fence,
+        result: Bytes,
+        retention: Duration,
+    ) -> StoreFuture<'f, ()>
+    where
+        's: 'f,
+        'k: 'f,
+        Self: 'f,
+    {
+        (**self).resolve_completed(key, fence, result, retention)
+    }
+
+    fn resolve_released<'s, 'k, 'f>(
+        &'s self,
+        key: &'k RecordKey,
+        fence: Fence,
+    ) -> StoreFuture<'f, ()>
+    where
+        's: 'f,
+        'k: 'f,
+        Self: 'f,
+    {
+        (**self).resolve_released(key, fence)
     }
 
     fn get<'s, 'k, 'f>(&'s self, key: &'k RecordKey) -> StoreFuture<'f, Option<Record>>

@@ -154,7 +154,7 @@ pub(crate) enum KeysCommand {
     /// List records page by page in the store's order: oldest first on PostgreSQL, not by time
     /// on the other stores.
     List {
-        /// Only records in this state: in_flight, completed or failed.
+        /// Only records in this state: in_flight, completed, failed or unknown.
         #[arg(long)]
         state: Option<String>,
         /// Only records at least this old (e.g. 10m).

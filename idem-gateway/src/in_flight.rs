@@ -32,7 +32,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use idem_core::{
     ClaimOutcome, ClaimRequest, Clock, Failure, Fence, Lease, OwnerToken, Record, RecordKey,
-    ScanPage, ScanQuery, Store, StoreError, StoreStats, SystemClock, Timestamp,
+    ScanPage, ScanQuery, Store, StoreError, StoreStats, SystemClock, Timestamp, UnknownOutcome,
 };
 
 /// One claim this gateway holds.
@@ -283,6 +283,50 @@ impl<S: Store> Store for Watched<S> {
         Self: 'f,
     {
         self.settling(lease, self.inner.release(lease))
+    }
+
+    fn settle_unknown<'s, 'l, 'f>(
+        &'s self,
+        lease: &'l Lease,
+        outcome: UnknownOutcome,
+        hold: Option<Duration>,
+        retention: Duration,
+    ) -> StoreFuture<'f, ()>
+    where
+        's: 'f,
+        'l: 'f,
+        Self: 'f,
+    {
+        let settled = self.inner.settle_unknown(lease, outcome, hold, retention);
+        self.settling(lease, settled)
+    }
+
+    fn resolve_completed<'s, 'k, 'f>(
+        &'s self,
+        key: &'k RecordKey,
+        fence: Fence,
+        result: Bytes,
+        retention: Duration,
+    ) -> StoreFuture<'f, ()>
+    where
+        's: 'f,
+        'k: 'f,
+        Self: 'f,
+    {
+        self.inner.resolve_completed(key, fence, result, retention)
+    }
+
+    fn resolve_released<'s, 'k, 'f>(
+        &'s self,
+        key: &'k RecordKey,
+        fence: Fence,
+    ) -> StoreFuture<'f, ()>
+    where
+        's: 'f,
+        'k: 'f,
+        Self: 'f,
+    {
+        self.inner.resolve_released(key, fence)
     }
 
     fn get<'s, 'k, 'f>(&'s self, key: &'k RecordKey) -> StoreFuture<'f, Option<Record>>

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use idem_core::{
     ClaimOutcome, ClaimRequest, Failure, Fence, Lease, Record, RecordKey, ScanPage, ScanQuery,
-    Store, StoreError, StoreStats, TransitionRejection,
+    Store, StoreError, StoreStats, TransitionRejection, UnknownOutcome,
 };
 use idem_store_postgres::PostgresStore;
 
@@ -130,6 +130,42 @@ impl Store for TxStore {
             Settled::Committed | Settled::Unknown => Ok(()),
             Settled::Open | Settled::RolledBack => self.store.release(lease).await,
         }
+    }
+
+    async fn settle_unknown(
+        &self,
+        lease: &Lease,
+        outcome: UnknownOutcome,
+        hold: Option<Duration>,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        match self.leases.take(lease) {
+            Settled::Committed => Err(StoreError::Rejected(TransitionRejection::AlreadySettled {
+                state: idem_core::State::Completed,
+            })),
+            Settled::Unknown => Err(StoreError::Rejected(TransitionRejection::LeaseExpired)),
+            Settled::Open | Settled::RolledBack => {
+                self.store
+                    .settle_unknown(lease, outcome, hold, retention)
+                    .await
+            }
+        }
+    }
+
+    async fn resolve_completed(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        result: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.store
+            .resolve_completed(key, fence, result, retention)
+            .await
+    }
+
+    async fn resolve_released(&self, key: &RecordKey, fence: Fence) -> Result<(), StoreError> {
+        self.store.resolve_released(key, fence).await
     }
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {

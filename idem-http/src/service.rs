@@ -289,6 +289,11 @@ async fn process<S, ReqBody, ResBody>(
                 break Ok(replay(&shared, &record));
             }
             Ok(ClaimOutcome::Failed(_)) => break Ok(reject(&shared, Rejection::FailedPermanently)),
+            // An earlier attempt lost the answer of its side effect: never run again. Answered
+            // as a conflict until the layer has a rejection of its own for it.
+            Ok(ClaimOutcome::Unknown(_)) => {
+                break Ok(reject(&shared, Rejection::FailedPermanently));
+            }
             Ok(ClaimOutcome::Mismatch) => {
                 shared.metrics.mismatches.increment(1);
                 break Ok(reject(&shared, Rejection::Mismatch));

@@ -953,6 +953,8 @@ async fn an_unreadable_stored_response_is_500_and_never_a_panic() {
         expires_at: now.saturating_add(Duration::from_secs(3600)),
         result: Some(Bytes::from_static(b"not a stored response")),
         failure: None,
+        unknown: None,
+        hold_until: None,
     });
     let answer = app.post(Some("k"), "").await;
     assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use idem_core::metrics::{LEASE_LOSSES, STORE_ERRORS, STORE_SECONDS};
 use idem_core::{
-    Bytes, ClaimOutcome, ClaimRequest, Failure, Lease, Record, RecordKey, ScanPage, ScanQuery,
-    Store, StoreError, StoreStats,
+    Bytes, ClaimOutcome, ClaimRequest, Failure, Fence, Lease, Record, RecordKey, ScanPage,
+    ScanQuery, Store, StoreError, StoreStats, UnknownOutcome,
 };
 use metrics::{Key, Label, Level, Metadata, SharedString, Unit};
 
@@ -44,11 +44,17 @@ pub enum StoreOp {
     Scan,
     /// [`Store::ping`].
     Ping,
+    /// [`Store::settle_unknown`].
+    SettleUnknown,
+    /// [`Store::resolve_completed`].
+    ResolveCompleted,
+    /// [`Store::resolve_released`].
+    ResolveReleased,
 }
 
 impl StoreOp {
     /// Every operation, in the order of the variants.
-    pub const ALL: [StoreOp; 9] = [
+    pub const ALL: [StoreOp; 12] = [
         StoreOp::Claim,
         StoreOp::Heartbeat,
         StoreOp::Complete,
@@ -58,6 +64,9 @@ impl StoreOp {
         StoreOp::Delete,
         StoreOp::Scan,
         StoreOp::Ping,
+        StoreOp::SettleUnknown,
+        StoreOp::ResolveCompleted,
+        StoreOp::ResolveReleased,
     ];
 
     /// The `op` label.
@@ -73,6 +82,9 @@ impl StoreOp {
             StoreOp::Delete => "delete",
             StoreOp::Scan => "scan",
             StoreOp::Ping => "ping",
+            StoreOp::SettleUnknown => "settle_unknown",
+            StoreOp::ResolveCompleted => "resolve_completed",
+            StoreOp::ResolveReleased => "resolve_released",
         }
     }
 
@@ -352,6 +364,33 @@ impl<S: Store> Store for Metered<S> {
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         self.timed(StoreOp::Release, self.inner.release(lease))
             .await
+    }
+
+    async fn settle_unknown(
+        &self,
+        lease: &Lease,
+        outcome: UnknownOutcome,
+        hold: Option<Duration>,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let settled = self.inner.settle_unknown(lease, outcome, hold, retention);
+        self.timed(StoreOp::SettleUnknown, settled).await
+    }
+
+    async fn resolve_completed(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        result: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let resolved = self.inner.resolve_completed(key, fence, result, retention);
+        self.timed(StoreOp::ResolveCompleted, resolved).await
+    }
+
+    async fn resolve_released(&self, key: &RecordKey, fence: Fence) -> Result<(), StoreError> {
+        let resolved = self.inner.resolve_released(key, fence);
+        self.timed(StoreOp::ResolveReleased, resolved).await
     }
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {

@@ -39,16 +39,18 @@
 //! claim first reclaims expired records (when a sweep of its shard is due), then evicts settled
 //! records (completed or failed), oldest first within a shard, in the order they settled: O(1)
 //! per claim, however large the capacity. An in-flight record is never evicted, not even one whose lease
-//! lapsed (its holder may still complete it; it expires one lease after its lease ends): a
-//! store full of in-flight records answers [`StoreError::Capacity`], a retryable error.
+//! lapsed (its holder may still complete it; it expires one lease after its lease ends), and
+//! neither is an unknown record ([`idem_core::State::Unknown`]: evicting it would let a retry
+//! run an operation that may have happened; it goes when it is resolved or expires): a store
+//! full of in-flight and unknown records answers [`StoreError::Capacity`], a retryable error.
 //! Evicting a settled record means a late retry of that key runs again: size the capacity for
 //! the retention you need.
 //!
-//! [`MemoryStoreBuilder::max_bytes`] caps the bytes the records hold (each record's key, result
-//! and failure message, plus a fixed overhead), so large results cannot outgrow the machine's
+//! [`MemoryStoreBuilder::max_bytes`] caps the bytes the records hold (each record's key, result,
+//! failure message and unknown outcome's reason, plus a fixed overhead), so large results cannot outgrow the machine's
 //! memory before a record count is reached. Each shard keeps to its share of the budget: a
 //! write that would take its shard over it first evicts the shard's settled records, oldest
-//! first, and never an in-flight one; a result larger than the share is refused with
+//! first, and never an in-flight or unknown one; a result larger than the share is refused with
 //! [`StoreError::TooLarge`] (the HTTP layer then keeps the status and headers without the
 //! body), and a write that only evicting in-flight records could make room for is refused
 //! with [`StoreError::Capacity`].

@@ -45,8 +45,9 @@ const RECORD_OVERHEAD: usize = size_of::<Record>()
     + size_of::<(HashedKey, Fence)>()
     + 4 * size_of::<usize>();
 
-/// The bytes a record is charged against a byte budget: its key, its result and its failure
-/// message, plus [`RECORD_OVERHEAD`]. The allocator's own overhead is not counted.
+/// The bytes a record is charged against a byte budget: its key, its result, its failure
+/// message and the reason of its unknown outcome, plus [`RECORD_OVERHEAD`]. The allocator's own
+/// overhead is not counted.
 pub(crate) fn charge(record: &Record) -> usize {
     RECORD_OVERHEAD
         + record.key.scope.as_str().len()
@@ -56,6 +57,10 @@ pub(crate) fn charge(record: &Record) -> usize {
             .failure
             .as_ref()
             .map_or(0, |failure| failure.message.len())
+        + record
+            .unknown
+            .as_ref()
+            .map_or(0, |unknown| unknown.reason.len())
 }
 
 /// What a transition did to the number of records.
@@ -80,9 +85,16 @@ pub(crate) enum Applied<T> {
 }
 
 /// What a write of `record` leaves behind for the eviction queue: its fence, and whether it
-/// is settled.
+/// may be evicted.
 fn written(record: &Record) -> (Fence, bool) {
-    (record.fence, record.state != State::InFlight)
+    (record.fence, evictable(record))
+}
+
+/// Whether `record` may be evicted before its retention: a completed or failed one. Never an
+/// in-flight one (its holder may still complete it), nor an unknown one (evicting it would let
+/// the next claim run an operation that may have happened).
+fn evictable(record: &Record) -> bool {
+    matches!(record.state, State::Completed | State::Failed)
 }
 
 impl Shard {
@@ -271,7 +283,7 @@ impl Shard {
     fn live(&self, key: &HashedKey, fence: Fence) -> bool {
         self.records
             .get(key)
-            .is_some_and(|record| record.fence == fence && record.state != State::InFlight)
+            .is_some_and(|record| record.fence == fence && evictable(record))
     }
 
     /// Drops the stale entries of the eviction queue once it holds more than twice as many
@@ -335,7 +347,8 @@ impl Shard {
 
     /// Evicts the oldest settled record (completed or failed), in the order records settled.
     /// Never an in-flight record, not even one whose lease lapsed: its holder may still complete
-    /// it. Returns whether one was evicted.
+    /// it; never an unknown one, which holds its key until it is resolved. Returns whether one
+    /// was evicted.
     pub(crate) fn evict_one(&mut self) -> bool {
         self.evict_oldest(None)
     }

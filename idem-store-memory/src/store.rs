@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use idem_core::machine::{self, LeasePolicy, Step};
 use idem_core::{
     Bytes, ClaimOutcome, ClaimRequest, Clock, Failure, Fence, Lease, Record, RecordKey, ScanEntry,
-    ScanPage, ScanQuery, Store, StoreError, StoreStats, SystemClock, Timestamp,
+    ScanPage, ScanQuery, Store, StoreError, StoreStats, SystemClock, Timestamp, UnknownOutcome,
 };
 
 use crate::hashed::HashedKey;
@@ -419,6 +419,45 @@ impl Store for MemoryStore {
         })
     }
 
+    async fn settle_unknown(
+        &self,
+        lease: &Lease,
+        outcome: UnknownOutcome,
+        hold: Option<Duration>,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let policy = self.inner.policy;
+        self.transition(&lease.key, |existing, now| {
+            machine::settle_unknown(
+                existing,
+                lease,
+                outcome.clone(),
+                hold,
+                retention,
+                now,
+                policy,
+            )
+        })
+    }
+
+    async fn resolve_completed(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        result: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.transition(key, |existing, now| {
+            machine::resolve_completed(existing, fence, result.clone(), retention, now)
+        })
+    }
+
+    async fn resolve_released(&self, key: &RecordKey, fence: Fence) -> Result<(), StoreError> {
+        self.transition(key, |existing, now| {
+            machine::resolve_released(existing, fence, now)
+        })
+    }
+
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
         let (shard, hashed) = self.inner.shard(key);
         let shard = lock(shard);
@@ -520,6 +559,42 @@ mod tests {
         match store.claim(&request(key)).await.unwrap() {
             ClaimOutcome::Acquired { lease, .. } => lease,
             other => panic!("not acquired: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn unknown_records_are_never_evicted() {
+        let (store, _clock) = store(4);
+        for i in 0..4 {
+            let lease = acquire(&store, &format!("k{i}")).await;
+            let outcome = UnknownOutcome::new("timed out");
+            let retention = Duration::from_secs(3600);
+            store
+                .settle_unknown(&lease, outcome, None, retention)
+                .await
+                .unwrap();
+        }
+        let err = store.claim(&request("one-more")).await.unwrap_err();
+        assert!(matches!(err, StoreError::Capacity { limit: 4 }), "{err}");
+        assert_eq!(store.evicted(), 0);
+        // Resolved as completed, a record may be evicted like any completed one.
+        let key = request("k0").key;
+        let fence = store.get(&key).await.unwrap().unwrap().fence;
+        store
+            .resolve_completed(
+                &key,
+                fence,
+                Bytes::from_static(b"ok"),
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        acquire(&store, "one-more").await;
+        assert_eq!(store.evicted(), 1);
+        assert_eq!(store.get(&key).await.unwrap(), None);
+        for i in 1..4 {
+            let record = store.get(&request(&format!("k{i}")).key).await.unwrap();
+            assert_eq!(record.map(|r| r.state), Some(State::Unknown));
         }
     }
 

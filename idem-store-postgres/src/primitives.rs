@@ -74,19 +74,19 @@ impl<C: GenericClient + Sync> PgPrimitives<'_, C> {
             .map_err(fail)
     }
 
-    /// The row in columns 0 to 12 (the record and its version), if any.
+    /// The row in columns 0 to 16 (the record and its version), if any.
     fn seen(key: &RecordKey, row: &Row) -> Result<Option<Versioned>, StoreError> {
         let Some(record) = row::record(key, row)? else {
             return Ok(None);
         };
-        let v: i64 = row.try_get(12).map_err(|e| protocol(e.to_string()))?;
+        let v: i64 = row.try_get(16).map_err(|e| protocol(e.to_string()))?;
         Ok(Some(Versioned {
             slot: Slot::Record(record),
             version: version(v),
         }))
     }
 
-    /// Runs `sql` ($1 scope, $2 key, then `values`) and answers the row it saw and column 13.
+    /// Runs `sql` ($1 scope, $2 key, then `values`) and answers the row it saw and column 17.
     async fn write<T: for<'r> deadpool_postgres::tokio_postgres::types::FromSql<'r>>(
         &self,
         op: &'static str,
@@ -101,7 +101,7 @@ impl<C: GenericClient + Sync> PgPrimitives<'_, C> {
             .query(op, sql, &params)
             .await?
             .ok_or_else(|| protocol("a write answered no row"))?;
-        let written: T = row.try_get(13).map_err(|e| protocol(e.to_string()))?;
+        let written: T = row.try_get(17).map_err(|e| protocol(e.to_string()))?;
         Ok((Self::seen(key, &row)?, written, row))
     }
 
@@ -118,7 +118,7 @@ impl<C: GenericClient + Sync> PgPrimitives<'_, C> {
         if let Some(found) = seen {
             return Ok(Created::Present(found));
         }
-        let floor: i64 = row.try_get(14).map_err(|e| protocol(e.to_string()))?;
+        let floor: i64 = row.try_get(18).map_err(|e| protocol(e.to_string()))?;
         if values.fence <= floor {
             // Absent, but fences of swept rows reach this high: a grant must go above.
             let floor = Fence::new(u64::try_from(floor).unwrap_or(0));
@@ -136,7 +136,7 @@ impl<C: GenericClient + Sync> PgPrimitives<'_, C> {
     }
 }
 
-/// The record columns of a row as parameters $3 to $14.
+/// The record columns of a row as parameters $3 to $18.
 struct Values {
     state: &'static str,
     fingerprint: Vec<u8>,
@@ -150,6 +150,10 @@ struct Values {
     result: Option<Vec<u8>>,
     message: Option<String>,
     retryable: Option<bool>,
+    reason: Option<String>,
+    request_sent: Option<bool>,
+    head_seen: Option<bool>,
+    hold_until: Option<SystemTime>,
 }
 
 impl Values {
@@ -167,6 +171,10 @@ impl Values {
             result: record.result.as_ref().map(|r| r.to_vec()),
             message: record.failure.as_ref().map(|f| f.message.clone()),
             retryable: record.failure.as_ref().map(|f| f.retryable),
+            reason: record.unknown.as_ref().map(|u| u.reason.clone()),
+            request_sent: record.unknown.as_ref().map(|u| u.request_sent),
+            head_seen: record.unknown.as_ref().map(|u| u.head_seen),
+            hold_until: record.hold_until.map(time),
         })
     }
 
@@ -184,6 +192,10 @@ impl Values {
             &self.result,
             &self.message,
             &self.retryable,
+            &self.reason,
+            &self.request_sent,
+            &self.head_seen,
+            &self.hold_until,
         ]
     }
 }

@@ -5,11 +5,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use deadpool_postgres::tokio_postgres::Row;
 use deadpool_postgres::tokio_postgres::types::FromSql;
 use idem_core::{
-    Bytes, Failure, Fence, Fingerprint, OwnerToken, Record, RecordKey, State, StoreError, Timestamp,
+    Bytes, Failure, Fence, Fingerprint, OwnerToken, Record, RecordKey, State, StoreError,
+    Timestamp, UnknownOutcome,
 };
 
-/// The column of the store's clock, after the twelve record columns.
-pub(crate) const NOW: usize = 12;
+/// The column of the store's clock, after the sixteen record columns.
+pub(crate) const NOW: usize = 16;
 
 fn get<'a, T: FromSql<'a>>(key: &RecordKey, row: &'a Row, index: usize) -> Result<T, StoreError> {
     row.try_get(index)
@@ -51,7 +52,7 @@ pub(crate) fn created_micros(row: &Row) -> Result<i64, String> {
     })
 }
 
-/// The record in the first twelve columns of `row`, or `None` if they are NULL (no row matched
+/// The record in the first sixteen columns of `row`, or `None` if they are NULL (no row matched
 /// a LEFT JOIN). Checks the record invariants.
 pub(crate) fn record(key: &RecordKey, row: &Row) -> Result<Option<Record>, StoreError> {
     let Some(state) = get::<Option<&str>>(key, row, 0)? else {
@@ -83,6 +84,21 @@ pub(crate) fn record(key: &RecordKey, row: &Row) -> Result<Option<Record>, Store
         (None, None) => None,
         _ => return Err(corrupt("half a failure")),
     };
+    let reason: Option<String> = get(key, row, 12)?;
+    let request_sent: Option<bool> = get(key, row, 13)?;
+    let head_seen: Option<bool> = get(key, row, 14)?;
+    let unknown = match (reason, request_sent, head_seen) {
+        (Some(reason), Some(request_sent), Some(head_seen)) => Some(UnknownOutcome {
+            reason,
+            request_sent,
+            head_seen,
+        }),
+        (None, None, None) => None,
+        _ => return Err(corrupt("part of an unknown outcome")),
+    };
+    let hold_until = get::<Option<SystemTime>>(key, row, 15)?
+        .map(|t| timestamp(key, t))
+        .transpose()?;
     let record = Record {
         key: key.clone(),
         state,
@@ -96,6 +112,8 @@ pub(crate) fn record(key: &RecordKey, row: &Row) -> Result<Option<Record>, Store
         expires_at: timestamp(key, get(key, row, 8)?)?,
         result,
         failure,
+        unknown,
+        hold_until,
     };
     record.validate()?;
     Ok(Some(record))

@@ -66,10 +66,26 @@ COMMENT ON COLUMN {schema}.idem_records.version IS
     'idem: raised by every write; a write names the version it read (compare-and-set).';
 "#,
     },
+    Migration {
+        version: 3,
+        description: "the unknown state: what is known of a lost outcome, and its hold",
+        sql: r#"
+ALTER TABLE {schema}.idem_records
+    ADD COLUMN unknown_reason       text,
+    ADD COLUMN unknown_request_sent boolean,
+    ADD COLUMN unknown_head_seen    boolean,
+    ADD COLUMN hold_until           timestamptz;
+COMMENT ON COLUMN {schema}.idem_records.unknown_reason IS
+    'idem: for a row in state unknown (its attempt lost the answer of its side effect), what '
+    'happened; NULL in every other state.';
+COMMENT ON COLUMN {schema}.idem_records.hold_until IS
+    'idem: for a row in state unknown, when a claim may take the key over; NULL: until resolved.';
+"#,
+    },
 ];
 
 /// The newest schema version this build knows.
-pub(crate) const LATEST_VERSION: i32 = 2;
+pub(crate) const LATEST_VERSION: i32 = 3;
 
 /// What [`crate::migrate`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -205,7 +221,7 @@ pub(crate) fn quote(schema: &str) -> String {
 }
 
 /// The record columns every statement returns, in this order (see `crate::row`).
-const COLUMNS: [&str; 12] = [
+const COLUMNS: [&str; 16] = [
     "state",
     "fingerprint",
     "owner",
@@ -218,6 +234,10 @@ const COLUMNS: [&str; 12] = [
     "result",
     "failure_message",
     "failure_retryable",
+    "unknown_reason",
+    "unknown_request_sent",
+    "unknown_head_seen",
+    "hold_until",
 ];
 
 /// The record columns of table alias `t`, as the row decoder reads them. `light`: the result is
@@ -245,7 +265,14 @@ fn valid(t: &str) -> String {
             AND {t}.completed_at IS NULL) \
           OR ({t}.state = 'completed' AND {t}.result IS NOT NULL AND {t}.completed_at IS NOT NULL) \
           OR ({t}.state = 'failed' AND {t}.failure_message IS NOT NULL \
-            AND {t}.failure_retryable IS NOT NULL AND {t}.completed_at IS NOT NULL)) \
+            AND {t}.failure_retryable IS NOT NULL AND {t}.completed_at IS NOT NULL) \
+          OR ({t}.state = 'unknown' AND {t}.unknown_reason IS NOT NULL \
+            AND {t}.unknown_request_sent IS NOT NULL AND {t}.unknown_head_seen IS NOT NULL \
+            AND {t}.result IS NULL AND {t}.failure_message IS NULL \
+            AND {t}.completed_at IS NOT NULL)) \
+         AND ({t}.state = 'unknown' OR ({t}.unknown_reason IS NULL \
+            AND {t}.unknown_request_sent IS NULL AND {t}.unknown_head_seen IS NULL \
+            AND {t}.hold_until IS NULL)) \
          AND {t}.fence >= 1 AND {t}.attempt >= 1 AND octet_length({t}.fingerprint) = 32"
     )
 }
@@ -276,15 +303,15 @@ fn clock(param: &str) -> String {
 /// computes an expiry or a fence.
 #[derive(Clone, Debug)]
 pub(crate) struct Statements {
-    /// The record columns, then its version (column 12).
+    /// The record columns, then its version (column 16).
     pub(crate) read: String,
-    /// $3..$14 the record columns; inserts if the key is absent and $6 (the fence) is above
-    /// the fence floor. Answers whether it inserted (column 13); when it did not, also the
+    /// $3..$18 the record columns; inserts if the key is absent and $6 (the fence) is above
+    /// the fence floor. Answers whether it inserted (column 17); when it did not, also the
     /// columns of the row the statement's snapshot saw (NULL: none), its version and the floor
-    /// (column 14).
+    /// (column 18).
     pub(crate) create: String,
-    /// $3..$14 the record columns, $15 the version read. Answers the new version if it wrote
-    /// (column 13), else NULL there and the columns and version of the row the snapshot saw.
+    /// $3..$18 the record columns, $19 the version read. Answers the new version if it wrote
+    /// (column 17), else NULL there and the columns and version of the row the snapshot saw.
     pub(crate) swap: String,
     /// $3 the time from which the row counts as absent (its fence stays), $4 the version read.
     /// Writes only over a row that keeps the record invariants.
@@ -299,10 +326,10 @@ pub(crate) struct Statements {
     pub(crate) sweep: String,
 }
 
-/// The record columns as parameters $3 to $14, in [`COLUMNS`] order.
+/// The record columns as parameters $3 to $18, in [`COLUMNS`] order.
 const VALUES: &str = "$3::text, $4::bytea, $5::text::uuid, $6::bigint, $7::timestamptz, \
     $8::integer, $9::timestamptz, $10::timestamptz, $11::timestamptz, $12::bytea, $13::text, \
-    $14::boolean";
+    $14::boolean, $15::text, $16::boolean, $17::boolean, $18::timestamptz";
 
 impl Statements {
     pub(crate) fn new(schema: &str) -> Self {
@@ -313,13 +340,14 @@ impl Statements {
         let names = COLUMNS.join(", ");
         let read =
             format!("SELECT {cols_t}, t.version FROM {table} t WHERE t.scope = $1 AND t.key = $2");
-        // The answer of a write whose CTE `cte` answers `mark` (column 13) when it wrote: that
+        // The answer of a write whose CTE `cte` answers `mark` (column 17) when it wrote: that
         // row alone, the record columns NULL; else the row the statement's snapshot saw, and
-        // `lost` as columns 13 on. Only a write that did not happen reads the row (a gate that
+        // `lost` as columns 17 on. Only a write that did not happen reads the row (a gate that
         // PostgreSQL evaluates once), and the common answer is one narrow row.
         let nulls = "NULL::text, NULL::bytea, NULL::text, NULL::bigint, NULL::timestamptz, \
             NULL::integer, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::bytea, \
-            NULL::text, NULL::boolean, NULL::bigint";
+            NULL::text, NULL::boolean, NULL::text, NULL::boolean, NULL::boolean, \
+            NULL::timestamptz, NULL::bigint";
         let seen = |cte: &str, mark: &str, lost: &str| {
             format!(
                 "SELECT {nulls}, {mark} FROM {cte}
@@ -367,7 +395,7 @@ WHERE NOT EXISTS (SELECT 1 FROM {cte})"
                 valid_t = valid("t"),
             )
         };
-        let swap = compare_and_set(&set, "$15");
+        let swap = compare_and_set(&set, "$19");
         let bury = compare_and_set("expires_at = $3::timestamptz", "$4");
         let remove = format!(
             "WITH d AS (DELETE FROM {table} t WHERE t.scope = $1 AND t.key = $2 RETURNING t.fence),

@@ -13,8 +13,8 @@ use deadpool_postgres::tokio_postgres::{NoTls, Row};
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use idem_core::machine::LeasePolicy;
 use idem_core::{
-    Bytes, ClaimOutcome, ClaimRequest, ClockEstimate, Driven, Failure, Lease, Record, RecordKey,
-    ScanPage, ScanQuery, Store, StoreError, Timestamp,
+    Bytes, ClaimOutcome, ClaimRequest, ClockEstimate, Driven, Failure, Fence, Lease, Record,
+    RecordKey, ScanPage, ScanQuery, Store, StoreError, Timestamp, UnknownOutcome,
 };
 
 use crate::config::PostgresConfig;
@@ -396,6 +396,43 @@ impl Store for PostgresStore {
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         self.with_client("release", async |client| {
             self.driven(client).release(lease).await
+        })
+        .await
+    }
+
+    async fn settle_unknown(
+        &self,
+        lease: &Lease,
+        outcome: UnknownOutcome,
+        hold: Option<Duration>,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.with_client("settle_unknown", async |client| {
+            self.driven(client)
+                .settle_unknown(lease, outcome, hold, retention)
+                .await
+        })
+        .await
+    }
+
+    async fn resolve_completed(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        result: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.with_client("resolve_completed", async |client| {
+            self.driven(client)
+                .resolve_completed(key, fence, result, retention)
+                .await
+        })
+        .await
+    }
+
+    async fn resolve_released(&self, key: &RecordKey, fence: Fence) -> Result<(), StoreError> {
+        self.with_client("resolve_released", async |client| {
+            self.driven(client).resolve_released(key, fence).await
         })
         .await
     }

@@ -176,12 +176,87 @@ async fn migrations_apply_once_also_when_raced() {
     let mut applied = Vec::new();
     for run in runs {
         let report = run.await.unwrap().expect("migrate");
-        assert_eq!(report.version, 2);
+        assert_eq!(report.version, 3);
         applied.extend(report.applied);
     }
-    assert_eq!(applied, vec![1, 2], "each migration applied exactly once");
+    assert_eq!(applied, vec![1, 2, 3], "each migration applied exactly once");
     let again = migrate(&config).await.unwrap();
     assert!(again.applied.is_empty());
+}
+
+/// A schema at version 2 (before the unknown state) is migrated to 3 on connect and its rows
+/// still read; a row of the new columns that breaks the record invariants is corrupt, never
+/// written over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_2_schema_upgrades_and_its_rows_still_read() {
+    if !server_up() {
+        return;
+    }
+    let schema = SchemaGuard {
+        name: fresh_schema("idem_v2"),
+    };
+    let config = PostgresConfig::new(&url())
+        .unwrap()
+        .with_schema(&schema.name)
+        .unwrap();
+    let store = PostgresStore::connect(config.clone()).await.unwrap();
+    let req = request("before-the-upgrade");
+    let ClaimOutcome::Acquired { lease, .. } = store.claim(&req).await.unwrap() else {
+        panic!("not acquired")
+    };
+    store
+        .complete(&lease, Bytes::from_static(b"old"), RETENTION)
+        .await
+        .unwrap();
+    // Back to version 2: the table as that build made it.
+    let client = store.pool().get().await.unwrap();
+    let name = &schema.name;
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE \"{name}\".idem_records DROP COLUMN unknown_reason,
+                 DROP COLUMN unknown_request_sent, DROP COLUMN unknown_head_seen,
+                 DROP COLUMN hold_until;
+             DELETE FROM \"{name}\".idem_migrations WHERE version = 3;"
+        ))
+        .await
+        .unwrap();
+    drop(client);
+    drop(store);
+    let report = migrate(&config).await.unwrap();
+    assert_eq!((report.applied, report.version), (vec![3], 3));
+    let store = PostgresStore::connect(config).await.unwrap();
+    match store.claim(&req).await.unwrap() {
+        ClaimOutcome::Completed(record) => {
+            assert_eq!(record.result.as_deref(), Some(&b"old"[..]));
+            assert_eq!((record.unknown, record.hold_until), (None, None));
+        }
+        other => panic!("the old row did not read: {other:?}"),
+    }
+
+    // Unknown rows round trip; an unknown outcome on a completed row is corrupt.
+    let req = request("after-the-upgrade");
+    let ClaimOutcome::Acquired { lease, .. } = store.claim(&req).await.unwrap() else {
+        panic!("not acquired")
+    };
+    let outcome = idem_core::UnknownOutcome::new("reset").head_seen(true);
+    store
+        .settle_unknown(&lease, outcome.clone(), Some(LEASE), RETENTION)
+        .await
+        .unwrap();
+    let unknown = store.get(&req.key).await.unwrap().unwrap();
+    assert_eq!(unknown.state, State::Unknown);
+    assert_eq!(unknown.unknown, Some(outcome));
+    assert!(unknown.hold_until.is_some());
+    let client = store.pool().get().await.unwrap();
+    client
+        .batch_execute(&format!(
+            "UPDATE \"{name}\".idem_records SET unknown_reason = 'stray' \
+                 WHERE key = 'before-the-upgrade'"
+        ))
+        .await
+        .unwrap();
+    let err = store.get(&request("before-the-upgrade").key).await.unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
 }
 
 /// A migration that waits past the operation timeout (another instance holds the schema's

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use idem_core::machine::{self, LeasePolicy, Step};
 use idem_core::{
     Bytes, ClaimOutcome, ClaimRequest, Clock, Failure, Fence, Lease, Record, RecordKey, ScanPage,
-    ScanQuery, Store, StoreError, StoreStats, SystemClock, Timestamp,
+    ScanQuery, Store, StoreError, StoreStats, SystemClock, Timestamp, UnknownOutcome,
 };
 use redb::{
     Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata,
@@ -441,6 +441,41 @@ impl Store for RedbStore {
         let lease = lease.clone();
         self.transition(lease.key.clone(), move |existing, now, _| {
             machine::release(existing, &lease, now)
+        })
+        .await
+    }
+
+    async fn settle_unknown(
+        &self,
+        lease: &Lease,
+        outcome: UnknownOutcome,
+        hold: Option<Duration>,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let lease = lease.clone();
+        let policy = self.inner.policy;
+        self.transition(lease.key.clone(), move |existing, now, _| {
+            machine::settle_unknown(existing, &lease, outcome, hold, retention, now, policy)
+        })
+        .await
+    }
+
+    async fn resolve_completed(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        result: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.transition(key.clone(), move |existing, now, _| {
+            machine::resolve_completed(existing, fence, result, retention, now)
+        })
+        .await
+    }
+
+    async fn resolve_released(&self, key: &RecordKey, fence: Fence) -> Result<(), StoreError> {
+        self.transition(key.clone(), move |existing, now, _| {
+            machine::resolve_released(existing, fence, now)
         })
         .await
     }

@@ -177,7 +177,9 @@ fn acknowledged_completions_survive_kill_9() {
                             Some(record.key.key.as_str().as_bytes())
                         ),
                         State::InFlight => {}
-                        State::Failed => panic!("a failed record nobody wrote"),
+                        State::Failed | State::Unknown => {
+                            panic!("a {} record nobody wrote", record.state)
+                        }
                     }
                 }
                 match page.next_cursor {

@@ -171,7 +171,7 @@ mod tests {
     use idem_core::machine::{self, LeasePolicy, Write};
     use idem_core::{
         ClaimOutcome, ClaimRequest, Failure, Fingerprint, IdempotencyKey, OwnerToken, Scope, State,
-        Timestamp,
+        Timestamp, UnknownOutcome,
     };
 
     fn key() -> RecordKey {
@@ -204,6 +204,19 @@ mod tests {
                 let failure = Failure::permanent("declined");
                 machine::fail(Some(&held), &lease, failure, lease_hour(), now, policy)
             }
+            State::Unknown => {
+                let outcome = UnknownOutcome::new("timed out").head_seen(true);
+                let hold = Some(Duration::from_secs(60));
+                machine::settle_unknown(
+                    Some(&held),
+                    &lease,
+                    outcome,
+                    hold,
+                    lease_hour(),
+                    now,
+                    policy,
+                )
+            }
         };
         match step.unwrap().write {
             Write::Put(record) => record,
@@ -223,6 +236,7 @@ mod tests {
             (State::Completed, &b"done"[..]),
             (State::Completed, &long[..]),
             (State::Failed, &b""[..]),
+            (State::Unknown, &b""[..]),
         ] {
             let record = record(state, result);
             let raw = encode_value(&record, 1024).unwrap();

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    Bytes, ClaimOutcome, ClaimRequest, ClockEstimate, Driven, Failure, Lease, Record, RecordKey,
-    ScanPage, ScanQuery, Store, StoreError,
+    Bytes, ClaimOutcome, ClaimRequest, ClockEstimate, Driven, Failure, Fence, Lease, Record,
+    RecordKey, ScanPage, ScanQuery, Store, StoreError, UnknownOutcome,
 };
 use redis::Value;
 
@@ -151,6 +151,34 @@ impl Store for RedisStore {
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         self.inner.release(lease).await
+    }
+
+    async fn settle_unknown(
+        &self,
+        lease: &Lease,
+        outcome: UnknownOutcome,
+        hold: Option<Duration>,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner
+            .settle_unknown(lease, outcome, hold, retention)
+            .await
+    }
+
+    async fn resolve_completed(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        result: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner
+            .resolve_completed(key, fence, result, retention)
+            .await
+    }
+
+    async fn resolve_released(&self, key: &RecordKey, fence: Fence) -> Result<(), StoreError> {
+        self.inner.resolve_released(key, fence).await
     }
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    Bytes, ClaimOutcome, ClaimRequest, Failure, Lease, Record, RecordKey, ScanPage, ScanQuery,
-    Store, StoreError,
+    Bytes, ClaimOutcome, ClaimRequest, Failure, Fence, Lease, Record, RecordKey, ScanPage,
+    ScanQuery, Store, StoreError, UnknownOutcome,
 };
 use tokio::sync::Notify;
 
@@ -53,6 +53,10 @@ pub struct Faults {
     pub releases: AtomicU32,
     /// How many scan pages were asked for.
     pub scans: AtomicU32,
+    /// `settle_unknown` answers `Unavailable`.
+    pub settle_unknown_down: AtomicBool,
+    /// How many settles as unknown were asked for.
+    pub unknowns: AtomicU32,
 }
 
 impl Faults {
@@ -166,6 +170,38 @@ impl<S: Store> Store for FaultyStore<S> {
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         self.faults.releases.fetch_add(1, Ordering::SeqCst);
         self.inner.release(lease).await
+    }
+
+    async fn settle_unknown(
+        &self,
+        lease: &Lease,
+        outcome: UnknownOutcome,
+        hold: Option<Duration>,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.faults.unknowns.fetch_add(1, Ordering::SeqCst);
+        if self.faults.settle_unknown_down.load(Ordering::SeqCst) {
+            return Err(down());
+        }
+        self.inner
+            .settle_unknown(lease, outcome, hold, retention)
+            .await
+    }
+
+    async fn resolve_completed(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        result: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner
+            .resolve_completed(key, fence, result, retention)
+            .await
+    }
+
+    async fn resolve_released(&self, key: &RecordKey, fence: Fence) -> Result<(), StoreError> {
+        self.inner.resolve_released(key, fence).await
     }
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {

@@ -124,6 +124,13 @@ macro_rules! store_conformance {
             a_replay_a_conflict_and_a_mismatch_take_one_round_trip,
             a_takeover_takes_at_most_two_round_trips,
             skewed_clocks_never_grant_a_live_lease_twice,
+            settle_unknown_is_for_the_holder_only,
+            a_claim_of_an_unknown_key_never_acquires_until_the_hold_lapses,
+            resolve_completed_replays_the_result_from_then_on,
+            resolve_released_lets_the_next_claim_run,
+            a_resolution_after_a_newer_attempt_is_refused,
+            unknown_records_are_deleted_and_scanned,
+            concurrent_resolutions_apply_once,
         );
 
         #[test]

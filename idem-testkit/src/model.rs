@@ -1,10 +1,11 @@
 //! The model-based property test: random interleavings of claim, heartbeat, complete, fail,
-//! release and clock advances from 2 to 4 workers over two keys, run against a store and
-//! against the pure state machine of `idem_core::machine`, answer by answer.
+//! release, settle-unknown, the two resolutions of an unknown record and clock advances from 2
+//! to 4 workers over two keys, run against a store and against the pure state machine of
+//! `idem_core::machine`, answer by answer.
 //!
 //! Checked after every step: the store's answer equals the model's (outcome kind, takeover,
-//! stored result or failure, rejection kind, `retry_after` within a second), and no two
-//! workers ever hold a live lease on one key at the same time.
+//! stored result, failure or unknown outcome, rejection kind, `retry_after` within a second),
+//! and no two workers ever hold a live lease on one key at the same time.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -15,6 +16,7 @@ use idem_core::machine::{self, LeasePolicy, Step, Write};
 use idem_core::{
     Bytes, ClaimOutcome, ClaimRequest, Failure, Fence, Fingerprint, IdempotencyKey, Lease,
     OwnerToken, Record, RecordKey, Store, StoreError, Timestamp, TransitionRejection,
+    UnknownOutcome,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -38,6 +40,11 @@ pub enum Op {
     Fail(usize, usize, bool),
     /// Worker releases key.
     Release(usize, usize),
+    /// Worker settles key as unknown, held for this many seconds (`None`: until resolved).
+    SettleUnknown(usize, usize, Option<u64>),
+    /// An operator resolves key as completed (`true`) or released, at the fence it reads now
+    /// (`true`) or at the fence it read at its last resolution of the key.
+    Resolve(usize, bool, bool),
     /// The clock moves forward by this many seconds.
     Advance(u64),
 }
@@ -53,7 +60,11 @@ fn program() -> impl Strategy<Value = (usize, Vec<Op>)> {
             2 => (w.clone(), k.clone()).prop_map(|(w, k)| Op::Heartbeat(w, k)),
             3 => (w.clone(), k.clone()).prop_map(|(w, k)| Op::Complete(w, k)),
             2 => (w.clone(), k.clone(), any::<bool>()).prop_map(|(w, k, r)| Op::Fail(w, k, r)),
-            2 => (w, k).prop_map(|(w, k)| Op::Release(w, k)),
+            2 => (w.clone(), k.clone()).prop_map(|(w, k)| Op::Release(w, k)),
+            2 => (w, k.clone(), prop_oneof![Just(None), Just(Some(30u64)), Just(Some(61))])
+                .prop_map(|(w, k, hold)| Op::SettleUnknown(w, k, hold)),
+            2 => (k, any::<bool>(), prop_oneof![3 => Just(true), 1 => Just(false)])
+                .prop_map(|(k, completed, fresh)| Op::Resolve(k, completed, fresh)),
             2 => prop_oneof![Just(1u64), Just(10), Just(29), Just(30), Just(31), Just(61), Just(601)]
                 .prop_map(Op::Advance),
         ];
@@ -131,6 +142,8 @@ struct Run {
     model: Model,
     held: Held,
     store_fences: HashMap<usize, Fence>,
+    /// The fences a resolver last read of each key: in the store, in the model.
+    seen: HashMap<usize, (Fence, Fence)>,
 }
 
 impl Run {
@@ -148,7 +161,51 @@ impl Run {
             },
             held: HashMap::new(),
             store_fences: HashMap::new(),
+            seen: HashMap::new(),
         }
+    }
+
+    /// An operator resolves key `k` of the store and of the model (see [`Op::Resolve`]); the
+    /// two answer alike.
+    async fn resolve(
+        &mut self,
+        store: &dyn Store,
+        k: usize,
+        completed: bool,
+        fresh: bool,
+        at: &str,
+    ) -> Result<(), TestCaseError> {
+        if fresh {
+            let stored = store
+                .get(&self.keys[k])
+                .await
+                .map_err(|e| TestCaseError::fail(format!("{at}: get: {e}")))?;
+            let modelled = self
+                .model
+                .records
+                .get(&k)
+                .filter(|r| !r.is_expired(self.model.now));
+            let fence = |r: Option<&Record>| r.map_or(Fence::MIN, |r| r.fence);
+            self.seen
+                .insert(k, (fence(stored.as_ref()), fence(modelled)));
+        }
+        let Some(&(s, m)) = self.seen.get(&k) else {
+            return Ok(());
+        };
+        let existing = self.model.records.get(&k);
+        let (got, want) = if completed {
+            let result = Bytes::from_static(b"resolved");
+            let got = store
+                .resolve_completed(&self.keys[k], s, result.clone(), RETENTION)
+                .await;
+            let want = machine::resolve_completed(existing, m, result, RETENTION, self.model.now);
+            (got, want)
+        } else {
+            let got = store.resolve_released(&self.keys[k], s).await;
+            (got, machine::resolve_released(existing, m, self.model.now))
+        };
+        let want = want.map(|step| self.model.apply(k, step));
+        compare_results(&got, &want, at)
     }
 
     /// Worker `w` claims key `k` of the store and of the model: the two answer alike, a
@@ -211,14 +268,18 @@ impl Run {
                     r.fingerprint,
                     r.attempt,
                     r.result.clone(),
-                    r.failure.clone()
+                    r.failure.clone(),
+                    r.unknown.clone(),
+                    r.hold_until.is_some()
                 )),
                 modelled.map(|r| (
                     r.state,
                     r.fingerprint,
                     r.attempt,
                     r.result.clone(),
-                    r.failure.clone()
+                    r.failure.clone(),
+                    r.unknown.clone(),
+                    r.hold_until.is_some()
                 )),
                 "{}: stored record of key {} differs from the model",
                 at,
@@ -308,6 +369,32 @@ async fn run_program(h: &impl Harness, ops: &[Op]) -> Result<(), TestCaseError> 
                 compare_results(&got, &want, &at)?;
                 run.held.remove(&(w, k));
             }
+            Op::SettleUnknown(w, k, hold) => {
+                let Some((s, m)) = run.held.get(&(w, k)).cloned() else {
+                    continue;
+                };
+                let outcome = UnknownOutcome::new(format!("worker {w} lost the answer"));
+                let hold = hold.map(Duration::from_secs);
+                let got = store
+                    .settle_unknown(&s, outcome.clone(), hold, RETENTION)
+                    .await;
+                let want = machine::settle_unknown(
+                    run.model.records.get(&k),
+                    &m,
+                    outcome,
+                    hold,
+                    RETENTION,
+                    run.model.now,
+                    LeasePolicy::Lenient,
+                )
+                .map(|step| run.model.apply(k, step));
+                compare_results(&got, &want, &at)?;
+                run.held.remove(&(w, k));
+            }
+            Op::Resolve(k, completed, fresh) => {
+                run.resolve(store.as_ref(), k, completed, fresh, &at)
+                    .await?;
+            }
         }
         // The stored state agrees with the model's after every step.
         run.check_stored(store.as_ref(), &at).await?;
@@ -350,6 +437,10 @@ fn compare_claims(
         (ClaimOutcome::Failed(s), ClaimOutcome::Failed(m)) => {
             prop_assert_eq!(&s.failure, &m.failure, "{}: failure", at);
         }
+        (ClaimOutcome::Unknown(s), ClaimOutcome::Unknown(m)) => {
+            prop_assert_eq!(&s.unknown, &m.unknown, "{}: unknown outcome", at);
+            prop_assert_eq!(s.attempt, m.attempt, "{}: attempt", at);
+        }
         (ClaimOutcome::Mismatch, ClaimOutcome::Mismatch) => {}
         (s, m) => prop_assert!(false, "{at}: store answered {s:?}, the model {m:?}"),
     }
@@ -381,6 +472,10 @@ fn same_rejection(a: TransitionRejection, b: TransitionRejection) -> bool {
         (
             TransitionRejection::AlreadySettled { state: x },
             TransitionRejection::AlreadySettled { state: y },
+        )
+        | (
+            TransitionRejection::NotUnknown { state: x },
+            TransitionRejection::NotUnknown { state: y },
         ) => x == y,
         _ => discriminant(&a) == discriminant(&b),
     }

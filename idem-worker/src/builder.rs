@@ -48,6 +48,7 @@ pub struct JobGuardBuilder {
     heartbeat: Option<Duration>,
     retention: Duration,
     failure_retention: Duration,
+    unknown_hold: Option<Duration>,
     retry: RetryPolicy,
     redact_keys: bool,
     settle_tries: u32,
@@ -77,6 +78,7 @@ impl JobGuardBuilder {
             heartbeat: None,
             retention: Duration::from_secs(24 * 3600),
             failure_retention: Duration::from_secs(24 * 3600),
+            unknown_hold: None,
             retry: RetryPolicy::default(),
             redact_keys: false,
             settle_tries: 3,
@@ -130,6 +132,17 @@ impl JobGuardBuilder {
     /// How long a permanent failure is kept (and duplicates answered with it).
     pub fn failure_retention(mut self, retention: Duration) -> Self {
         self.failure_retention = retention;
+        self
+    }
+
+    /// How long a job whose outcome is unknown ([`JobError::unknown`](crate::JobError::unknown))
+    /// holds its key: once `hold` has passed, a delivery of the job takes the key over and runs
+    /// it again. Without it (the default) the key is held until an operator resolves it
+    /// ([`JobGuard::resolve_completed`](crate::JobGuard::resolve_completed),
+    /// [`JobGuard::resolve_released`](crate::JobGuard::resolve_released)) or the failure
+    /// retention ends. The unknown record is kept for the failure retention.
+    pub fn unknown_hold(mut self, hold: Duration) -> Self {
+        self.unknown_hold = Some(hold);
         self
     }
 
@@ -196,6 +209,7 @@ impl JobGuardBuilder {
                 heartbeat,
                 retention: self.retention,
                 failure_retention: self.failure_retention,
+                unknown_hold: self.unknown_hold,
                 retry: self.retry,
                 redact_keys: self.redact_keys,
                 settle_tries: self.settle_tries,

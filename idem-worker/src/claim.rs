@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{Bytes, Failure, Fence, Lease, StoreError};
+use idem_core::{Bytes, Failure, Fence, Lease, StoreError, UnknownOutcome};
 use idem_lease::LeaseKeeper;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -137,7 +137,6 @@ impl JobClaim {
         inner.labels.job_seconds(started.elapsed().as_secs_f64());
         // The job is over: no more heartbeats, whatever the settle below does.
         self.held.stop_heartbeat();
-        let delivery = self.held.delivery;
         let (outcome, disposition, state_after) = match returned {
             Ok(Ok(value)) => self.record_result(value).await,
             Ok(Err(error)) => {
@@ -151,17 +150,7 @@ impl JobClaim {
                         let failure = Failure::permanent(error.cause().to_string());
                         self.fail_permanently(failure, JobOutcome::Failed).await
                     }
-                    ErrorClass::Unknown => {
-                        // Keep the claim: nobody may run the job again before the lease ends.
-                        self.held.keeper.disarm();
-                        (
-                            JobOutcome::Error(RunError::UnknownOutcome(error.into_cause())),
-                            inner
-                                .retry
-                                .after_failure_waiting(delivery, self.held.keeper.remaining()),
-                            "in_flight",
-                        )
-                    }
+                    ErrorClass::Unknown => self.settle_unknown(error).await,
                 }
             }
             Err(message) => {
@@ -201,6 +190,27 @@ impl JobClaim {
                     .after_failure_waiting(delivery, self.held.keeper.remaining()),
                 "in_flight",
             ),
+        }
+    }
+
+    /// Records the key as unknown after a job whose outcome it could not learn: no later
+    /// delivery runs it again until it is resolved (or the guard's unknown hold passes).
+    async fn settle_unknown<T>(
+        &mut self,
+        error: JobError,
+    ) -> (JobOutcome<T>, Disposition, &'static str) {
+        let inner = self.held.inner.clone();
+        let outcome = UnknownOutcome::new(error.cause().to_string());
+        let settle = Settle::Unknown(outcome, inner.unknown_hold, inner.failure_retention);
+        match self.held.settle(settle).await {
+            Ok(()) => (
+                JobOutcome::Error(RunError::UnknownOutcome(error.into_cause())),
+                Disposition::DeadLetter,
+                "unknown",
+            ),
+            // Lost (another attempt holds the key), or the store failed: the claim lapses with
+            // its lease, and nothing recorded the unknown outcome.
+            Err(store) => self.settle_error("settle_unknown", store),
         }
     }
 
@@ -329,6 +339,9 @@ impl Held {
                 Settle::Complete(result, retention) => {
                     store.complete(&lease, result.clone(), *retention)
                 }
+                Settle::Unknown(outcome, hold, retention) => {
+                    store.settle_unknown(&lease, outcome.clone(), *hold, *retention)
+                }
             })
             .await
     }
@@ -342,6 +355,9 @@ enum Settle {
     Fail(Failure, Duration),
     /// Record a result, kept for the duration.
     Complete(Bytes, Duration),
+    /// Record an unknown outcome, holding the key for the first duration (`None`: until
+    /// resolved), kept for the second.
+    Unknown(UnknownOutcome, Option<Duration>, Duration),
 }
 
 impl Drop for Held {

@@ -14,9 +14,9 @@ pub enum ErrorClass {
     /// later delivery of the key gets it, and the message is dead-lettered.
     Permanent,
     /// The side effect may or may not have happened (a timeout after the request was sent): the
-    /// claim is kept until its lease ends, then the message is retried; the next attempt takes
-    /// the key over and must find out what happened (for example by passing the same key
-    /// downstream).
+    /// key is recorded as unknown and the message dead-lettered; no later delivery runs the job
+    /// until an operator resolves the record (as completed, or released so it runs again), or
+    /// the guard's unknown hold passes.
     Unknown,
 }
 
@@ -74,7 +74,8 @@ impl JobError {
         JobError::new(ErrorClass::Permanent, source)
     }
 
-    /// An error of unknown outcome: keep the claim until its lease ends, then retry.
+    /// An error of unknown outcome: record the key as unknown (not run again until resolved),
+    /// dead-letter the message.
     pub fn unknown(source: impl Into<BoxError>) -> Self {
         JobError::new(ErrorClass::Unknown, source)
     }

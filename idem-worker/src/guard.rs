@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Failure, Fingerprint, IdempotencyKey, Lease, OwnerToken, RecordKey,
-    Scope, Store, StoreError,
+    Bytes, ClaimOutcome, ClaimRequest, Failure, Fence, Fingerprint, IdempotencyKey, Lease,
+    OwnerToken, RecordKey, Scope, Store, StoreError, UnknownOutcome,
 };
 use idem_lease::{KeeperConfig, Metered};
 use serde::Serialize;
@@ -37,6 +37,7 @@ pub(crate) struct Inner {
     pub(crate) heartbeat: Duration,
     pub(crate) retention: Duration,
     pub(crate) failure_retention: Duration,
+    pub(crate) unknown_hold: Option<Duration>,
     pub(crate) retry: RetryPolicy,
     pub(crate) redact_keys: bool,
     pub(crate) settle_tries: u32,
@@ -71,7 +72,7 @@ pub enum Admission<T> {
     /// The key is claimed and its lease kept alive: run the job with [`JobClaim::run`] (or give
     /// the key back with [`JobClaim::release`]). Dropping the claim releases the key.
     Claimed(JobClaim),
-    /// Nothing to run: replayed, in flight, mismatch, failed, or a store error.
+    /// Nothing to run: replayed, in flight, mismatch, failed, unknown, or a store error.
     Answered(Run<T>),
 }
 
@@ -290,6 +291,25 @@ impl JobGuard {
                     "failed",
                 )
             }
+            Ok(ClaimOutcome::Unknown(record)) => {
+                // An earlier attempt lost the answer of its side effect: the job may have taken
+                // effect, so it does not run again. The message is set aside for an operator,
+                // who resolves the record and then redelivers it (replayed once resolved as
+                // completed, run once released).
+                let outcome = record.unknown.unwrap_or_else(|| {
+                    UnknownOutcome::new("the outcome is unknown (nothing recorded)")
+                });
+                span.record("fence", record.fence.get());
+                finish(
+                    JobOutcome::Unknown {
+                        outcome,
+                        fence: record.fence,
+                        hold_until: record.hold_until,
+                    },
+                    Disposition::DeadLetter,
+                    "unknown",
+                )
+            }
             Ok(ClaimOutcome::Mismatch) => {
                 inner.labels.count(m::MISMATCHES);
                 finish(JobOutcome::Mismatch, Disposition::DeadLetter, "mismatch")
@@ -325,6 +345,57 @@ impl JobGuard {
                 Err((lease, taken_over))
             }
         }
+    }
+
+    /// Resolves the unknown record of `key` as completed with `result` (encoded as the job's
+    /// result, serde_json, kept for the retention): an operator or a reconciler found out that
+    /// the job did take effect. Every later delivery is answered [`JobOutcome::Replayed`].
+    /// `fence` is the one [`JobOutcome::Unknown`] reported (or the record shows), so a
+    /// resolution never overwrites a newer attempt.
+    ///
+    /// # Errors
+    /// [`RunError::Encode`] if `result` does not encode; [`RunError::Store`] with the store's
+    /// error otherwise: [`StoreError::Rejected`] unless the record is still unknown at `fence`.
+    pub async fn resolve_completed<T: Serialize>(
+        &self,
+        key: &IdempotencyKey,
+        fence: Fence,
+        result: &T,
+    ) -> Result<(), RunError> {
+        let bytes = Bytes::from(serde_json::to_vec(result).map_err(RunError::Encode)?);
+        let record_key = self.record_key(key);
+        self.inner
+            .store
+            .resolve_completed(&record_key, fence, bytes, self.inner.retention)
+            .await
+            .map_err(|source| RunError::Store {
+                op: "resolve_completed",
+                source,
+            })
+    }
+
+    /// Resolves the unknown record of `key` by freeing the key: an operator or a reconciler
+    /// found out that the job did not take effect (or decided it may run again). The next
+    /// delivery runs the job. `fence` is the one [`JobOutcome::Unknown`] reported. A key
+    /// already free is `Ok`.
+    ///
+    /// # Errors
+    /// The store's error: [`StoreError::Rejected`] if the record is not unknown, or at
+    /// another fence.
+    pub async fn resolve_released(
+        &self,
+        key: &IdempotencyKey,
+        fence: Fence,
+    ) -> Result<(), StoreError> {
+        let record_key = self.record_key(key);
+        self.inner.store.resolve_released(&record_key, fence).await
+    }
+
+    /// How long an unknown outcome holds its key (`None`: until resolved); see
+    /// [`JobGuardBuilder::unknown_hold`](crate::JobGuardBuilder::unknown_hold).
+    #[must_use]
+    pub fn unknown_hold(&self) -> Option<Duration> {
+        self.inner.unknown_hold
     }
 
     /// Ends a run: records `outcome` and `disposition` in `span`, the metrics and the log.

@@ -62,6 +62,7 @@
 //! | a live claim | [`JobOutcome::InFlight`] | [`Disposition::Retry`] with backoff, at most until the holder's lease lapses |
 //! | another fingerprint | [`JobOutcome::Mismatch`] | [`Disposition::DeadLetter`] |
 //! | a permanent failure | [`JobOutcome::Failed`] | [`Disposition::DeadLetter`] |
+//! | an unknown outcome (an earlier attempt lost the answer of its effect) | [`JobOutcome::Unknown`] | [`Disposition::DeadLetter`]: the job does not run again until the record is resolved |
 //! | an error a retry may cure (unreachable, timed out) | [`JobOutcome::Error`] | retry with backoff, dead-letter once the attempts are spent |
 //! | an error no retry cures (a corrupt record) | [`JobOutcome::Error`] | [`Disposition::DeadLetter`] |
 //! | a result that does not decode into `T` ([`RunError::Decode`]) | [`JobOutcome::Error`] | [`Disposition::DeadLetter`]: the job ran before, it does not run again |
@@ -81,10 +82,25 @@
 //! | `Ok(result)` | completed with the result (serde_json) | [`JobOutcome::Executed`] | ack |
 //! | [`JobError::transient`] | released | [`RunError::Transient`] | retry with backoff |
 //! | [`JobError::permanent`] | failed, kept | [`JobOutcome::Failed`] | dead-letter |
-//! | [`JobError::unknown`] | claim kept until the lease ends | [`RunError::UnknownOutcome`] | retry after the lease |
+//! | [`JobError::unknown`] | recorded as unknown | [`RunError::UnknownOutcome`] | dead-letter |
 //! | a panic | released | [`RunError::Panicked`] | retry with backoff |
 //! | `Ok(result)` that does not encode | failed, kept | [`RunError::Encode`] | dead-letter |
 //! | `Ok(result)` over the store's size limit | failed, kept | [`JobOutcome::Failed`] | dead-letter |
+//!
+//! # Unknown outcomes
+//! A job that sent its side effect and lost the answer (a provider call that timed out)
+//! returns [`JobError::unknown`]: nobody knows whether the effect happened, so running the job
+//! again could take effect twice. The guard records the key as unknown
+//! ([`idem_core::State::Unknown`]) and dead-letters the message; every later delivery is
+//! answered [`JobOutcome::Unknown`] (dead-letter too) and the job does not run. The message is
+//! set aside rather than acknowledged so that nothing is lost: an operator (or a reconciler)
+//! finds out what happened, resolves the record with [`JobGuard::resolve_completed`] (the
+//! effect happened: later deliveries are replayed with that result) or
+//! [`JobGuard::resolve_released`] (it did not: the next delivery runs), then redelivers the
+//! dead-lettered message. With [`JobGuardBuilder::unknown_hold`], a delivery after the hold
+//! takes the key over and runs the job again without a resolution. If the store cannot record
+//! the unknown outcome, the run ends with [`RunError::Store`] and the claim lapses with its
+//! lease (a retry after it runs the job again).
 //!
 //! Retries are bounded by the [`RetryPolicy`]: past its attempts, the disposition is
 //! dead-letter. A dropped run future releases the key from a spawned task and records

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use idem_core::{BoxError, Failure, Fence, StoreError};
+use idem_core::{BoxError, Failure, Fence, StoreError, Timestamp, UnknownOutcome};
 
 use crate::retry::Disposition;
 
@@ -25,14 +25,28 @@ pub enum JobOutcome<T> {
     /// The job failed permanently: in this attempt, or in an earlier one whose failure is
     /// recorded.
     Failed(Failure),
+    /// An earlier attempt lost the answer of its side effect ([`RunError::UnknownOutcome`]):
+    /// nobody knows whether the job took effect, so it did not run. Its disposition is
+    /// [`Disposition::DeadLetter`]: the message is set aside until an operator resolves the
+    /// record ([`crate::JobGuard::resolve_completed`], [`crate::JobGuard::resolve_released`]),
+    /// after which a redelivery is replayed or runs.
+    Unknown {
+        /// What the attempt knew when it lost the answer.
+        outcome: UnknownOutcome,
+        /// The fence of the unknown record: what a resolution names.
+        fence: Fence,
+        /// When a delivery may take the key over and run the job again (store time); `None`:
+        /// not before it is resolved.
+        hold_until: Option<Timestamp>,
+    },
     /// The run did not settle the key with a result; see [`RunError`] for what happened to
     /// the claim.
     Error(RunError),
 }
 
 impl<T> JobOutcome<T> {
-    /// `executed`, `replayed`, `in_flight`, `mismatch`, `failed`, or the error's kind: a
-    /// stable name for metrics labels and logs.
+    /// `executed`, `replayed`, `in_flight`, `mismatch`, `failed`, `unknown`, or the error's
+    /// kind: a stable name for metrics labels and logs.
     #[must_use]
     pub fn kind(&self) -> &'static str {
         match self {
@@ -41,6 +55,7 @@ impl<T> JobOutcome<T> {
             JobOutcome::InFlight { .. } => "in_flight",
             JobOutcome::Mismatch => "mismatch",
             JobOutcome::Failed(_) => "failed",
+            JobOutcome::Unknown { .. } => "unknown",
             JobOutcome::Error(error) => error.kind(),
         }
     }
@@ -71,8 +86,14 @@ pub enum RunError {
     /// The job failed transiently; the key was released.
     #[error("the job failed transiently (key released): {0}")]
     Transient(#[source] BoxError),
-    /// The job failed with an unknown outcome; the claim is kept until its lease ends.
-    #[error("the job's outcome is unknown (claim kept until the lease ends): {0}")]
+    /// The job failed with an unknown outcome (it may or may not have taken effect): the key
+    /// is recorded as unknown, so no later delivery runs the job again until it is resolved
+    /// (see [`JobOutcome::Unknown`]); the disposition is [`Disposition::DeadLetter`]. If the
+    /// store could not record it, the run ends with [`RunError::Store`] instead and the claim
+    /// lapses with its lease.
+    #[error(
+        "the job's outcome is unknown (recorded as unknown; not run again until resolved): {0}"
+    )]
     UnknownOutcome(#[source] BoxError),
     /// The job panicked; the key was released.
     #[error("the job panicked (key released): {0}")]

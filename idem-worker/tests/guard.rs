@@ -188,7 +188,7 @@ async fn a_transient_failure_releases_and_backs_off_until_the_attempts_are_spent
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_unknown_outcome_keeps_the_claim_until_the_lease_ends() {
+async fn an_unknown_outcome_is_recorded_and_never_runs_again_until_resolved() {
     let (store, clock) = manual_store();
     let guard = guard(Arc::new(store.clone()));
     let run = guard
@@ -200,23 +200,125 @@ async fn an_unknown_outcome_keeps_the_claim_until_the_lease_ends() {
         matches!(run.outcome, JobOutcome::Error(RunError::UnknownOutcome(_))),
         "{run:?}"
     );
-    assert!(
-        matches!(run.disposition, Disposition::Retry { after } if after >= LEASE - Duration::from_secs(1)),
-        "retry only after the lease: {run:?}"
+    assert_eq!(
+        run.disposition,
+        Disposition::DeadLetter,
+        "set aside: {run:?}"
     );
     let record = store.get(&unscoped("k")).await.unwrap().unwrap();
-    assert_eq!(record.state, State::InFlight, "the claim is kept");
-
-    // Before the lease ends, a redelivery is told the job is in flight.
-    let runs = AtomicU32::new(0);
-    let early = guard.run(&key("k"), fp("p"), |_| ok_job(&runs, "x")).await;
+    assert_eq!(record.state, State::Unknown, "the outcome is recorded");
+    let outcome = record.unknown.clone().unwrap();
     assert!(
-        matches!(early.outcome, JobOutcome::InFlight { .. }),
-        "{early:?}"
+        outcome.reason.contains("timed out after sending"),
+        "{outcome:?}"
     );
+    assert_eq!(record.hold_until, None);
 
-    // After it, the next attempt takes the key over (and must find out what happened).
-    clock.advance(LEASE + Duration::from_secs(1));
+    // A redelivery, also long after the lease: answered unknown, the job does not run.
+    let runs = AtomicU32::new(0);
+    for advance in [Duration::ZERO, LEASE * 10] {
+        clock.advance(advance);
+        let again = guard.run(&key("k"), fp("p"), |_| ok_job(&runs, "x")).await;
+        match &again.outcome {
+            JobOutcome::Unknown {
+                outcome: seen,
+                fence,
+                hold_until,
+            } => {
+                assert_eq!(seen, &outcome);
+                assert_eq!(*fence, record.fence);
+                assert_eq!(*hold_until, None);
+            }
+            other => panic!("expected Unknown, got {other:?}"),
+        }
+        assert_eq!(again.disposition, Disposition::DeadLetter);
+        assert_eq!(again.outcome.kind(), "unknown");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+
+    // Resolved as completed (the ledger shows the effect): replayed from then on.
+    let stale = guard
+        .resolve_completed(&key("k"), record.fence.successor(), &"found".to_owned())
+        .await;
+    assert!(
+        matches!(
+            stale,
+            Err(RunError::Store {
+                op: "resolve_completed",
+                ..
+            })
+        ),
+        "{stale:?}"
+    );
+    guard
+        .resolve_completed(&key("k"), record.fence, &"found in the ledger".to_owned())
+        .await
+        .unwrap();
+    let replayed = guard.run(&key("k"), fp("p"), |_| ok_job(&runs, "x")).await;
+    assert!(
+        matches!(replayed.outcome, JobOutcome::Replayed(ref r) if r == "found in the ledger"),
+        "{replayed:?}"
+    );
+    assert_eq!(replayed.disposition, Disposition::Ack);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unknown_outcome_released_by_an_operator_runs_on_the_next_delivery() {
+    let (store, _clock) = manual_store();
+    let guard = guard(Arc::new(store.clone()));
+    let run = guard
+        .run(&key("k"), fp("p"), |_| async {
+            Err::<String, _>(JobError::unknown("connection reset"))
+        })
+        .await;
+    assert_eq!(run.disposition, Disposition::DeadLetter);
+    let fence = store.get(&unscoped("k")).await.unwrap().unwrap().fence;
+    guard.resolve_released(&key("k"), fence).await.unwrap();
+    guard.resolve_released(&key("k"), fence).await.unwrap();
+    let runs = AtomicU32::new(0);
+    let again = guard
+        .run(&key("k"), fp("p"), |_| ok_job(&runs, "ran"))
+        .await;
+    assert!(
+        matches!(again.outcome, JobOutcome::Executed(_)),
+        "{again:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // The record is completed now: releasing it is refused.
+    let err = guard.resolve_released(&key("k"), fence).await.unwrap_err();
+    assert!(err.rejection().is_some(), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unknown_hold_lets_a_delivery_take_the_key_over_after_it() {
+    let (store, clock) = manual_store();
+    let guard = JobGuard::builder(Arc::new(store.clone()))
+        .lease(LEASE)
+        .unknown_hold(Duration::from_secs(600))
+        .build()
+        .unwrap();
+    assert_eq!(guard.unknown_hold(), Some(Duration::from_secs(600)));
+    let run = guard
+        .run(&key("k"), fp("p"), |_| async {
+            Err::<String, _>(JobError::unknown("timed out"))
+        })
+        .await;
+    assert_eq!(run.disposition, Disposition::DeadLetter);
+    let runs = AtomicU32::new(0);
+    clock.advance(Duration::from_secs(599));
+    let held = guard.run(&key("k"), fp("p"), |_| ok_job(&runs, "x")).await;
+    assert!(
+        matches!(
+            held.outcome,
+            JobOutcome::Unknown {
+                hold_until: Some(_),
+                ..
+            }
+        ),
+        "{held:?}"
+    );
+    clock.advance(Duration::from_secs(1));
     let later = guard
         .run(&key("k"), fp("p"), |ctx| async move {
             assert_eq!(ctx.lease_attempt(), 2);
@@ -228,6 +330,51 @@ async fn an_unknown_outcome_keeps_the_claim_until_the_lease_ends() {
         "{later:?}"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unknown_outcome_the_store_cannot_record_lapses_with_the_lease() {
+    let (store, faults, clock) = faulty();
+    faults.settle_unknown_down.store(true, Ordering::SeqCst);
+    let guard = guard(store.clone());
+    let run = guard
+        .run(&key("k"), fp("p"), |_| async {
+            Err::<String, _>(JobError::unknown("timed out after sending"))
+        })
+        .await;
+    assert!(
+        matches!(
+            run.outcome,
+            JobOutcome::Error(RunError::Store {
+                op: "settle_unknown",
+                ..
+            })
+        ),
+        "{run:?}"
+    );
+    assert!(
+        matches!(run.disposition, Disposition::Retry { after } if after >= LEASE - Duration::from_secs(1)),
+        "retry only after the lease: {run:?}"
+    );
+    assert!(faults.unknowns.load(Ordering::SeqCst) >= 1);
+    assert_eq!(
+        state_of(&*store, "k").await,
+        Some(State::InFlight),
+        "the claim is kept"
+    );
+    // Before the lease ends a redelivery is told it is in flight; after it, it takes over.
+    let runs = AtomicU32::new(0);
+    let early = guard.run(&key("k"), fp("p"), |_| ok_job(&runs, "x")).await;
+    assert!(
+        matches!(early.outcome, JobOutcome::InFlight { .. }),
+        "{early:?}"
+    );
+    clock.advance(LEASE + Duration::from_secs(1));
+    let later = guard.run(&key("k"), fp("p"), |_| ok_job(&runs, "x")).await;
+    assert!(
+        matches!(later.outcome, JobOutcome::Executed(_)),
+        "{later:?}"
+    );
 }
 
 #[tokio::test]

@@ -20,6 +20,7 @@ mod records;
 mod round_trips;
 mod scans;
 mod settle;
+mod unknown;
 
 pub use claims::*;
 pub use leases::*;
@@ -27,6 +28,7 @@ pub use records::*;
 pub use round_trips::*;
 pub use scans::*;
 pub use settle::*;
+pub use unknown::*;
 
 /// The lease every clause claims with.
 pub const LEASE: Duration = Duration::from_secs(30);
