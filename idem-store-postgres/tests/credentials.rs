@@ -65,8 +65,12 @@ fn be32(bytes: &[u8]) -> usize {
 /// request, then an `ErrorResponse` 28P01 for any answer.
 fn serve(mut stream: TcpStream, ask: Ask) {
     loop {
-        let Some(head) = read_exact(&mut stream, 4) else { return };
-        let Some(body) = read_exact(&mut stream, be32(&head) - 4) else { return };
+        let Some(head) = read_exact(&mut stream, 4) else {
+            return;
+        };
+        let Some(body) = read_exact(&mut stream, be32(&head) - 4) else {
+            return;
+        };
         // SSLRequest: 80877103.
         if body.get(..4) == Some(&[0x04, 0xd2, 0x16, 0x2f][..]) {
             let _ = stream.write_all(b"N");
@@ -86,7 +90,9 @@ fn serve(mut stream: TcpStream, ask: Ask) {
         return;
     }
     // The client's answer ('p'), unless it gave up (no password to send).
-    let Some(head) = read_exact(&mut stream, 5) else { return };
+    let Some(head) = read_exact(&mut stream, 5) else {
+        return;
+    };
     if read_exact(&mut stream, be32(&head[1..]) - 4).is_none() {
         return;
     }
@@ -127,7 +133,10 @@ async fn a_password_the_server_asks_for_and_the_url_lacks_is_refused_for_good() 
         let server = FakeServer::start(ask);
         let err = connect(&server.url("idem")).await;
         assert!(!err.is_retryable(), "{ask:?}: {err:?}");
-        assert!(matches!(err, StoreError::Backend { .. }), "{ask:?}: {err:?}");
+        assert!(
+            matches!(err, StoreError::Backend { .. }),
+            "{ask:?}: {err:?}"
+        );
         let refused = CredentialsRefused::of(&err).expect("a CredentialsRefused source");
         assert!(refused.password_missing(), "{ask:?}: {refused}");
         let message = err.to_string();

@@ -179,7 +179,11 @@ async fn migrations_apply_once_also_when_raced() {
         assert_eq!(report.version, 3);
         applied.extend(report.applied);
     }
-    assert_eq!(applied, vec![1, 2, 3], "each migration applied exactly once");
+    assert_eq!(
+        applied,
+        vec![1, 2, 3],
+        "each migration applied exactly once"
+    );
     let again = migrate(&config).await.unwrap();
     assert!(again.applied.is_empty());
 }
@@ -255,7 +259,10 @@ async fn a_version_2_schema_upgrades_and_its_rows_still_read() {
         ))
         .await
         .unwrap();
-    let err = store.get(&request("before-the-upgrade").key).await.unwrap_err();
+    let err = store
+        .get(&request("before-the-upgrade").key)
+        .await
+        .unwrap_err();
     assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
 }
 

@@ -7,8 +7,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use idem_core::{
-    Bytes, ClaimOutcome, ClaimRequest, Deferred, Failure, Lease, Record, RecordKey, ScanPage,
-    ScanQuery, Store, StoreError, StoreStats,
+    Bytes, ClaimOutcome, ClaimRequest, Deferred, Failure, Fence, Lease, Record, RecordKey,
+    ScanPage, ScanQuery, Store, StoreError, StoreStats, UnknownOutcome,
 };
 
 /// The future every [`Store`] method returns.
@@ -155,6 +155,49 @@ impl Store for UntilRefused {
         Self: 'f,
     {
         self.gated(move |store| store.release(lease))
+    }
+
+    fn settle_unknown<'s, 'l, 'f>(
+        &'s self,
+        lease: &'l Lease,
+        outcome: UnknownOutcome,
+        hold: Option<Duration>,
+        retention: Duration,
+    ) -> StoreFuture<'f, ()>
+    where
+        's: 'f,
+        'l: 'f,
+        Self: 'f,
+    {
+        self.gated(move |store| store.settle_unknown(lease, outcome, hold, retention))
+    }
+
+    fn resolve_completed<'s, 'k, 'f>(
+        &'s self,
+        key: &'k RecordKey,
+        fence: Fence,
+        result: Bytes,
+        retention: Duration,
+    ) -> StoreFuture<'f, ()>
+    where
+        's: 'f,
+        'k: 'f,
+        Self: 'f,
+    {
+        self.gated(move |store| store.resolve_completed(key, fence, result, retention))
+    }
+
+    fn resolve_released<'s, 'k, 'f>(
+        &'s self,
+        key: &'k RecordKey,
+        fence: Fence,
+    ) -> StoreFuture<'f, ()>
+    where
+        's: 'f,
+        'k: 'f,
+        Self: 'f,
+    {
+        self.gated(move |store| store.resolve_released(key, fence))
     }
 
     fn get<'s, 'k, 'f>(&'s self, key: &'k RecordKey) -> StoreFuture<'f, Option<Record>>
