@@ -276,72 +276,9 @@ impl Gateway {
         client: SocketAddr,
         start: Instant,
     ) -> Response<GatewayBody> {
-        let (mut parts, body) = request.into_parts();
-        if let Err(err) = self.head.settle(parts.version, &mut parts.headers) {
-            let refused = match err {
-                HeadError::TooManyFields(_) => Refused::TooManyHeaders,
-                HeadError::TransferCoding => Refused::TransferCoding,
-            };
-            self.refused[refused as usize].increment(1);
-            tracing::debug!(method = %parts.method, path = parts.uri.path(), "refused: {err}");
-            return problem_of_type(
-                err.status(),
-                "about:blank",
-                &format!("{err}: the request is not forwarded"),
-            );
-        }
-        if let Err(reason) = settle_host(&mut parts) {
-            self.refused[Refused::Host as usize].increment(1);
-            tracing::debug!(method = %parts.method, path = parts.uri.path(), "refused: {reason}");
-            return problem_of_type(
-                StatusCode::BAD_REQUEST,
-                "about:blank",
-                &format!("{reason}: the request is not forwarded"),
-            );
-        }
-        parts.extensions.insert(ClientAddr(client));
-        let request = Request::from_parts(parts, RequestBody::new(body));
-        // The route is chosen by the normal form of the path, so that no other spelling of a
-        // path (`//payments`, `/x/../payments`, `/%70ayments`) escapes the route that covers
-        // it; the request itself goes on as it came.
-        let path = request.uri().path();
-        let checked = if self.allow_ambiguous_paths {
-            Ok(())
-        } else {
-            unambiguous(path)
-        };
-        let route = match checked.and_then(|()| NormalPath::new(path)) {
-            Ok(path) => self.routes.iter().find(|r| r.path.matches(&path)),
-            Err(err) => {
-                let (status, variant, refused) = match err {
-                    PathError::Ambiguous(_) => {
-                        (StatusCode::BAD_REQUEST, "Ambiguous", Refused::AmbiguousPath)
-                    }
-                    PathError::AboveRoot => {
-                        (StatusCode::BAD_REQUEST, "AboveRoot", Refused::AboveRoot)
-                    }
-                    // A request target without a path (`*`, or a CONNECT's authority): no
-                    // route covers it.
-                    PathError::NotAbsolute => {
-                        (StatusCode::NOT_FOUND, "NotAbsolute", Refused::NoPath)
-                    }
-                };
-                self.refused[refused as usize].increment(1);
-                tracing::debug!(method = %request.method(), path = request.uri().path(), "refused: {err}");
-                return problem_of_type(
-                    status,
-                    &format!("{DOCS}/normal_path/enum.PathError.html#variant.{variant}"),
-                    &format!("{err}: the request is not forwarded"),
-                );
-            }
-        };
-        let Some(route) = route else {
-            // Never: the catch-all route covers every path.
-            return problem_of_type(
-                StatusCode::NOT_FOUND,
-                "about:blank",
-                "no route covers this request target",
-            );
+        let (request, route) = match self.admit(request, client) {
+            Ok(admitted) => admitted,
+            Err(refused) => return refused,
         };
         let method = request.method().clone();
         // A clone of the URI shares its bytes: no copy on the hot path.
@@ -385,6 +322,84 @@ impl Gateway {
             "request"
         );
         response
+    }
+
+    /// Checks a request's head, `Host` and path before it goes anywhere, and chooses its route;
+    /// a refused request gets its answer (counted) as the error.
+    #[allow(clippy::result_large_err)]
+    fn admit(
+        &self,
+        request: Request<Incoming>,
+        client: SocketAddr,
+    ) -> Result<(Request<RequestBody>, &RouteEntry), Response<GatewayBody>> {
+        let (mut parts, body) = request.into_parts();
+        if let Err(err) = self.head.settle(parts.version, &mut parts.headers) {
+            let refused = match err {
+                HeadError::TooManyFields(_) => Refused::TooManyHeaders,
+                HeadError::TransferCoding => Refused::TransferCoding,
+            };
+            self.refused[refused as usize].increment(1);
+            tracing::debug!(method = %parts.method, path = parts.uri.path(), "refused: {err}");
+            return Err(problem_of_type(
+                err.status(),
+                "about:blank",
+                &format!("{err}: the request is not forwarded"),
+            ));
+        }
+        if let Err(reason) = settle_host(&mut parts) {
+            self.refused[Refused::Host as usize].increment(1);
+            tracing::debug!(method = %parts.method, path = parts.uri.path(), "refused: {reason}");
+            return Err(problem_of_type(
+                StatusCode::BAD_REQUEST,
+                "about:blank",
+                &format!("{reason}: the request is not forwarded"),
+            ));
+        }
+        parts.extensions.insert(ClientAddr(client));
+        let request = Request::from_parts(parts, RequestBody::new(body));
+        // The route is chosen by the normal form of the path, so that no other spelling of a
+        // path (`//payments`, `/x/../payments`, `/%70ayments`) escapes the route that covers
+        // it; the request itself goes on as it came.
+        let path = request.uri().path();
+        let checked = if self.allow_ambiguous_paths {
+            Ok(())
+        } else {
+            unambiguous(path)
+        };
+        let route = match checked.and_then(|()| NormalPath::new(path)) {
+            Ok(path) => self.routes.iter().find(|r| r.path.matches(&path)),
+            Err(err) => {
+                let (status, variant, refused) = match err {
+                    PathError::Ambiguous(_) => {
+                        (StatusCode::BAD_REQUEST, "Ambiguous", Refused::AmbiguousPath)
+                    }
+                    PathError::AboveRoot => {
+                        (StatusCode::BAD_REQUEST, "AboveRoot", Refused::AboveRoot)
+                    }
+                    // A request target without a path (`*`, or a CONNECT's authority): no
+                    // route covers it.
+                    PathError::NotAbsolute => {
+                        (StatusCode::NOT_FOUND, "NotAbsolute", Refused::NoPath)
+                    }
+                };
+                self.refused[refused as usize].increment(1);
+                tracing::debug!(method = %request.method(), path = request.uri().path(), "refused: {err}");
+                return Err(problem_of_type(
+                    status,
+                    &format!("{DOCS}/normal_path/enum.PathError.html#variant.{variant}"),
+                    &format!("{err}: the request is not forwarded"),
+                ));
+            }
+        };
+        let Some(route) = route else {
+            // Never: the catch-all route covers every path.
+            return Err(problem_of_type(
+                StatusCode::NOT_FOUND,
+                "about:blank",
+                "no route covers this request target",
+            ));
+        };
+        Ok((request, route))
     }
 }
 

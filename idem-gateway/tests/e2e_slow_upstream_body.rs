@@ -93,8 +93,9 @@ async fn a_slow_keyed_body_passes_its_head_on_and_is_stored_whole() {
 }
 
 /// A body that stops halfway is broken off after `body_idle_timeout` (the client's body is
-/// cut short) and its key released, so a retry runs again; nothing is stored. Before, the key
-/// stayed in flight, kept by heartbeats, for as long as the upstream held the connection.
+/// cut short), and its key is held as unknown: the upstream answered, so it may have taken
+/// effect, and a retry is told so rather than run again. Before, the key stayed in flight,
+/// kept by heartbeats, for as long as the upstream held the connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_that_stops_is_broken_off_after_the_idle_timeout() {
     let (upstream, runs) = half_body_upstream(Arc::new(Notify::new())).await;
@@ -102,24 +103,28 @@ async fn a_body_that_stops_is_broken_off_after_the_idle_timeout() {
     config.upstream.as_mut().unwrap().body_idle_timeout = Duration::from_millis(300);
     let gateway = Gateway::start(&config).await;
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    for attempt in 1..=2 {
-        let response = tokio::time::timeout(
-            Duration::from_secs(20),
-            client.request(keyed(&gateway.url("/pay"), "stalled")),
-        )
+    let response = tokio::time::timeout(
+        Duration::from_secs(20),
+        client.request(keyed(&gateway.url("/pay"), "stalled")),
+    )
+    .await
+    .expect("the head came")
+    .unwrap();
+    let body = tokio::time::timeout(Duration::from_secs(20), response.into_body().collect())
         .await
-        .expect("the head came")
-        .unwrap();
-        let body = tokio::time::timeout(Duration::from_secs(20), response.into_body().collect())
-            .await
-            .expect("the body was broken off");
-        assert!(body.is_err(), "a body cut short");
-        assert_eq!(runs.load(Ordering::SeqCst), attempt);
-    }
+        .expect("the body was broken off");
+    assert!(body.is_err(), "a body cut short");
     let key = RecordKey::unscoped(IdempotencyKey::new("stalled").unwrap());
-    let released = common::eventually(Duration::from_secs(10), || async {
-        gateway.store.get(&key).await.unwrap().is_none()
+    let held = common::eventually(Duration::from_secs(10), || async {
+        let record = gateway.store.get(&key).await.unwrap();
+        record.is_some_and(|r| r.state == idem_core::State::Unknown)
     })
     .await;
-    assert!(released, "the key was not released");
+    assert!(held, "the key was not held as unknown");
+    let retry = client
+        .request(keyed(&gateway.url("/pay"), "stalled"))
+        .await
+        .unwrap();
+    assert_eq!(retry.status(), 409);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }

@@ -150,6 +150,41 @@ impl Claim {
         }
     }
 
+    /// Settles the record as unknown (the effect may have happened and its answer was lost),
+    /// held for the configured [`crate::ConfigBuilder::unknown_hold`]. A store that refuses or
+    /// fails leaves the claim to lapse with its lease (logged): the one way back to a re-run.
+    pub(crate) async fn settle_unknown(&mut self, outcome: idem_core::UnknownOutcome) {
+        Box::pin(self.settle_unknown_boxed(outcome)).await;
+    }
+
+    async fn settle_unknown_boxed(&mut self, outcome: idem_core::UnknownOutcome) {
+        self.settle();
+        metrics::failure("unknown");
+        let config = &self.shared.config;
+        let store = &self.shared.store;
+        let lease = self.keeper.lease().clone();
+        let (hold, retention) = (config.unknown_hold, config.retention);
+        tracing::warn!(
+            idempotency_key = %log_key(config, &lease.key),
+            fence = lease.fence.get(),
+            reason = %outcome.reason,
+            "the outcome of a request is unknown: its key is held, never run again until resolved"
+        );
+        let settled = self
+            .keeper
+            .settle_with(3, || {
+                store.settle_unknown(&lease, outcome.clone(), hold, retention)
+            })
+            .await;
+        if let Err(error) = settled {
+            tracing::error!(
+                idempotency_key = %log_key(config, &lease.key),
+                error = %error.redacted(!config.log_keys),
+                "the store did not record the unknown outcome: the key is free again once its lease ends"
+            );
+        }
+    }
+
     /// Stores the response (without its body if it is over the cap; its status, headers and
     /// trailers are kept). When the store fails with a retryable error (it is down, or slow),
     /// returns the encoded response for [`Claim::retry_complete`]: a record left in flight

@@ -154,6 +154,7 @@ pub struct Config {
     scope: ScopeSource,
     scope_secret: Option<ScopeSecret>,
     pub(crate) fingerprint_host: bool,
+    pub(crate) unknown_hold: Option<Duration>,
     pub(crate) lease: Duration,
     pub(crate) heartbeat: Duration,
     pub(crate) retention: Duration,
@@ -180,6 +181,7 @@ impl fmt::Debug for Config {
             .field("scope", &self.scope)
             .field("scope_secret", &self.scope_secret)
             .field("fingerprint_host", &self.fingerprint_host)
+            .field("unknown_hold", &self.unknown_hold)
             .field("lease", &self.lease)
             .field("heartbeat", &self.heartbeat)
             .field("retention", &self.retention)
@@ -208,6 +210,7 @@ impl Default for Config {
             scope: ScopeSource::Secret(header::AUTHORIZATION),
             scope_secret: None,
             fingerprint_host: true,
+            unknown_hold: None,
             lease: Duration::from_secs(30),
             heartbeat: DEFAULT_HEARTBEAT,
             retention: Duration::from_secs(24 * 60 * 60),
@@ -485,6 +488,19 @@ impl ConfigBuilder {
     /// tenants by host keeps their records apart.
     pub fn fingerprint_host(mut self, on: bool) -> Self {
         self.config.fingerprint_host = on;
+        self
+    }
+
+    /// How long a key whose outcome is unknown stays held before a retry may run it again
+    /// (default `None`: until the outcome is resolved, or the record's retention ends). The
+    /// outcome is unknown when the handler's response says so ([`crate::OutcomeUnknown`] in its
+    /// extensions: its own call to a provider timed out, say) or when the response body breaks
+    /// off after the handler answered: the effect may have happened, so a retry meanwhile is
+    /// answered [`crate::Rejection::OutcomeUnknown`] (409), never run. A short hold (the lease,
+    /// say) is the "release" policy: the key is freed only after the grace, so a retry never
+    /// runs beside an attempt that may still be going on.
+    pub fn unknown_hold(mut self, hold: Option<Duration>) -> Self {
+        self.config.unknown_hold = hold;
         self
     }
 

@@ -127,6 +127,7 @@ mod replay;
 mod request_body;
 pub mod scope;
 mod service;
+mod unknown;
 
 pub use body::ResponseBody;
 pub use config::{Config, ConfigBuilder, KeyPolicy, LayerConfigError, StoreFailure};
@@ -140,6 +141,7 @@ pub use rejection::{Problem, ProblemJson, Rejection, RejectionHandler};
 pub use request_body::RequestBody;
 pub use scope::ScopePart;
 pub use service::{Idempotency, REPLAY_HEADER, REPLAYED_HEADER, STATUS_HEADER};
+pub use unknown::OutcomeUnknown;
 
 #[doc(no_inline)]
 pub use idem_core::{IdempotencyKey, Scope, Store};

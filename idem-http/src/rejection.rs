@@ -73,6 +73,24 @@ pub enum Rejection {
     },
     /// The key was used with another request (method, path, query or body): 422.
     Mismatch,
+    /// An earlier attempt under this key lost the answer of its side effect (its upstream
+    /// timed out after the request was sent, or broke off): nobody knows whether the effect
+    /// happened, so the request is not run again until the outcome is resolved (reconciled,
+    /// by an operator, or when the hold ends): 409 with `Retry-After`. 409, not a 5xx: the
+    /// request conflicts with the state of its key, as a duplicate in flight does, and a
+    /// client that retries it is safe (nothing runs twice); a 5xx would tell a proxy or a
+    /// client library that the server failed and may hide the answer.
+    OutcomeUnknown {
+        /// The record's key.
+        key: idem_core::RecordKey,
+        /// The fence of the attempt that lost its answer (what a resolution names).
+        fence: idem_core::Fence,
+        /// What that attempt knew.
+        reason: String,
+        /// When to come back: the time left on the hold, at most a minute (60 s when the key
+        /// is held until resolved).
+        retry_after: Duration,
+    },
     /// The method is a covered method spelled in another case (`post`, `Post` where `POST` is
     /// covered): 400. Methods are case-sensitive (RFC 9110 section 9.1), so such a request is
     /// not the covered method, but an upstream that folds the case would run it as one,
@@ -111,7 +129,9 @@ impl Rejection {
             | Rejection::BodyUnreadable => StatusCode::BAD_REQUEST,
             Rejection::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Rejection::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            Rejection::InFlight { .. } | Rejection::FailedPermanently => StatusCode::CONFLICT,
+            Rejection::InFlight { .. }
+            | Rejection::FailedPermanently
+            | Rejection::OutcomeUnknown { .. } => StatusCode::CONFLICT,
             Rejection::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Rejection::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Rejection::CorruptRecord | Rejection::HandlerFailed | Rejection::ResponseBodyFailed => {
@@ -133,6 +153,7 @@ impl Rejection {
             Rejection::InFlight { .. } => "InFlight",
             Rejection::Mismatch => "Mismatch",
             Rejection::MethodCase { .. } => "MethodCase",
+            Rejection::OutcomeUnknown { .. } => "OutcomeUnknown",
             Rejection::FailedPermanently => "FailedPermanently",
             Rejection::StoreUnavailable { .. } => "StoreUnavailable",
             Rejection::CorruptRecord => "CorruptRecord",
@@ -154,6 +175,7 @@ impl Rejection {
             Rejection::InFlight { .. } => "Request with this key in progress",
             Rejection::Mismatch => "Idempotency key reused with another request",
             Rejection::MethodCase { .. } => "Method in another case",
+            Rejection::OutcomeUnknown { .. } => "Outcome unknown",
             Rejection::FailedPermanently => "Operation failed permanently",
             Rejection::StoreUnavailable { .. } => "Idempotency store unavailable",
             Rejection::CorruptRecord => "Stored response unreadable",
@@ -198,6 +220,12 @@ impl Rejection {
             Rejection::FailedPermanently => {
                 "the operation under this key failed permanently: use a new key".into()
             }
+            Rejection::OutcomeUnknown { reason, .. } => format!(
+                "outcome-unknown: an earlier request with this key may have taken effect, but its \
+                 answer was lost ({reason}); it is not run again. Retry after the delay in \
+                 Retry-After to get its answer once it is known, or ask the service whether it \
+                 took effect"
+            ),
             Rejection::MethodCase { method } => format!(
                 "the method {method} is {} in another case: methods are case-sensitive, send it \
                  in upper case",
@@ -224,9 +252,9 @@ impl Rejection {
     #[must_use]
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Rejection::InFlight { retry_after } | Rejection::StoreUnavailable { retry_after } => {
-                Some(*retry_after)
-            }
+            Rejection::InFlight { retry_after }
+            | Rejection::StoreUnavailable { retry_after }
+            | Rejection::OutcomeUnknown { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
     }
@@ -243,7 +271,9 @@ impl Rejection {
             | Rejection::BodyTooLarge { .. }
             | Rejection::BodyUnreadable
             | Rejection::BodyTimeout { .. } => Outcome::Rejected,
-            Rejection::InFlight { .. } | Rejection::FailedPermanently => Outcome::Conflict,
+            Rejection::InFlight { .. }
+            | Rejection::FailedPermanently
+            | Rejection::OutcomeUnknown { .. } => Outcome::Conflict,
             Rejection::Mismatch => Outcome::Mismatch,
             Rejection::StoreUnavailable { .. } | Rejection::CorruptRecord => Outcome::StoreError,
             Rejection::HandlerFailed | Rejection::ResponseBodyFailed => Outcome::Executed,

@@ -14,6 +14,7 @@ use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use idem_core::{
     BoxError, ClaimOutcome, ClaimRequest, Lease, OwnerToken, RecordKey, Store, StoreError,
+    UnknownOutcome,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -34,6 +35,7 @@ use crate::metrics;
 use crate::outcome::Outcome;
 use crate::rejection::{Rejection, retry_after_secs};
 use crate::replay::replay;
+use crate::unknown::OutcomeUnknown;
 
 /// Added to every replayed response.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
@@ -284,20 +286,8 @@ async fn process<S, ReqBody, ResBody>(
                 let retry_after = shared.durations.retry_after(config.lease, retry_after);
                 break Ok(reject(&shared, Rejection::InFlight { retry_after }));
             }
-            Ok(ClaimOutcome::Completed(record)) => {
-                shared.metrics.replays.increment(1);
-                break Ok(replay(&shared, &record));
-            }
-            Ok(ClaimOutcome::Failed(_)) => break Ok(reject(&shared, Rejection::FailedPermanently)),
-            // An earlier attempt lost the answer of its side effect: never run again. Answered
-            // as a conflict until the layer has a rejection of its own for it.
-            Ok(ClaimOutcome::Unknown(_)) => {
-                break Ok(reject(&shared, Rejection::FailedPermanently));
-            }
-            Ok(ClaimOutcome::Mismatch) => {
-                shared.metrics.mismatches.increment(1);
-                break Ok(reject(&shared, Rejection::Mismatch));
-            }
+            // A settled record: its answer, never a run.
+            Ok(settled) => break Ok(answer_settled(&shared, settled)),
             Err(error) => {
                 claim_failed(&shared, &claim, &error);
                 match config.store_failure {
@@ -319,6 +309,31 @@ async fn process<S, ReqBody, ResBody>(
         }
     };
     let _ = reply.send(answer);
+}
+
+/// The answer to a claim of a key whose record is settled (or whose payload differs): a
+/// replay, or the rejection that says why it does not run.
+fn answer_settled<B>(shared: &Shared, outcome: ClaimOutcome) -> Response<ResponseBody<B>> {
+    match outcome {
+        ClaimOutcome::Completed(record) => {
+            shared.metrics.replays.increment(1);
+            replay(shared, &record)
+        }
+        ClaimOutcome::Failed(_) => reject(shared, Rejection::FailedPermanently),
+        // An earlier attempt lost the answer of its side effect: never run again.
+        ClaimOutcome::Unknown(record) => reject(shared, outcome_unknown(record)),
+        ClaimOutcome::Mismatch => {
+            shared.metrics.mismatches.increment(1);
+            reject(shared, Rejection::Mismatch)
+        }
+        // Answered by the caller's loop; never here.
+        ClaimOutcome::Acquired { .. } | ClaimOutcome::InFlight { .. } => reject(
+            shared,
+            Rejection::StoreUnavailable {
+                retry_after: shared.config.store_retry_after,
+            },
+        ),
+    }
 }
 
 /// Logs a claim the store failed on; a claim that timed out may have been granted all the
@@ -519,6 +534,12 @@ async fn drive<S, ReqBody, ResBody>(
             return;
         }
     };
+    if let Some(OutcomeUnknown(outcome)) = response.extensions_mut().remove::<OutcomeUnknown>() {
+        claim.settle_unknown(outcome).await;
+        fields::settle_head(response.headers_mut());
+        let _ = reply.send(Ok(response.map(ResponseBody::inner)));
+        return;
+    }
     fields::settle_head(response.headers_mut());
     if !shared.config.stores_status(response.status()) {
         claim.release("status").await;
@@ -536,7 +557,9 @@ async fn drive<S, ReqBody, ResBody>(
         .await
         .is_err()
     {
-        claim.release("body_error").await;
+        // The handler answered: its effect may have happened.
+        let lost = UnknownOutcome::new("the response body broke off before it was read whole");
+        claim.settle_unknown(lost.head_seen(true)).await;
         let _ = reply.send(Ok(reject(&shared, Rejection::ResponseBodyFailed)));
         return;
     }
@@ -550,6 +573,28 @@ async fn drive<S, ReqBody, ResBody>(
             claim, &shared, parts, early, body, hint, reply,
         ))
         .await;
+    }
+}
+
+/// The rejection of a claim answered unknown: the record's key, fence and reason, and when to
+/// come back (the hold left, at most a minute; a minute when held until resolved).
+fn outcome_unknown(record: idem_core::Record) -> Rejection {
+    use idem_core::Clock;
+    const MOST: Duration = Duration::from_secs(60);
+    let retry_after = record.hold_until.map_or(MOST, |until| {
+        until
+            .saturating_since(idem_core::SystemClock.now())
+            .clamp(Duration::from_secs(1), MOST)
+    });
+    let reason = record.unknown.map_or_else(
+        || "an earlier attempt lost its answer".to_owned(),
+        |unknown| unknown.reason,
+    );
+    Rejection::OutcomeUnknown {
+        key: record.key,
+        fence: record.fence,
+        reason,
+        retry_after,
     }
 }
 
@@ -647,7 +692,8 @@ async fn answer_streamed<B, E>(
                 }
             }
             Some(Err(error)) => {
-                claim.release("body_error").await;
+                let lost = UnknownOutcome::new("the response body broke off after its head");
+                claim.settle_unknown(lost.head_seen(true)).await;
                 if let Some(before) = read.take() {
                     out.send(&mut claim, before).await;
                 }

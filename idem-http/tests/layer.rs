@@ -292,11 +292,14 @@ impl http_body::Body for BrokenBody {
 }
 
 /// A response whose body fails while the layer reads it to store it is 500
-/// `ResponseBodyFailed` (not a handler panic's `HandlerFailed`); nothing is stored and the claim
-/// is released, so the retry runs again.
+/// `ResponseBodyFailed` (not a handler panic's `HandlerFailed`). The handler answered, so its
+/// effect may have happened: the key is held as unknown and a retry is 409 `OutcomeUnknown`,
+/// never run again (before, the claim was released and the retry ran the effect twice); once
+/// an operator releases it, the next request runs.
 #[tokio::test]
-async fn a_response_body_that_fails_is_500_and_releases_the_claim() {
-    let app = App::serve(MemoryStore::new(), Config::builder(), |counter| {
+async fn a_response_body_that_fails_is_500_and_holds_its_key_as_unknown() {
+    let store = MemoryStore::new();
+    let app = App::serve(store.clone(), Config::builder(), |counter| {
         Router::new().route(
             "/run",
             post(move || async move {
@@ -306,13 +309,64 @@ async fn a_response_body_that_fails_is_500_and_releases_the_claim() {
         )
     })
     .await;
-    for attempt in 1..=2 {
-        let broken = app.post(Some("k"), "").await;
-        assert_eq!(broken.status, StatusCode::INTERNAL_SERVER_ERROR);
-        let body = String::from_utf8_lossy(&broken.body);
-        assert!(body.contains("ResponseBodyFailed"), "{body}");
-        assert_eq!(app.count(), attempt);
+    let broken = app.post(Some("k"), "").await;
+    assert_eq!(broken.status, StatusCode::INTERNAL_SERVER_ERROR);
+    let body = String::from_utf8_lossy(&broken.body);
+    assert!(body.contains("ResponseBodyFailed"), "{body}");
+    for _ in 0..3 {
+        let retry = app.post(Some("k"), "").await;
+        assert_eq!(retry.status, StatusCode::CONFLICT);
+        let text = String::from_utf8_lossy(&retry.body);
+        assert!(
+            text.contains("OutcomeUnknown") && text.contains("outcome-unknown"),
+            "{text}"
+        );
+        assert_eq!(retry.header("retry-after"), Some("60"));
     }
+    assert_eq!(app.count(), 1);
+    let key = RecordKey::unscoped(idem_core::IdempotencyKey::new("k").unwrap());
+    let record = store.get(&key).await.unwrap().unwrap();
+    assert_eq!(record.state, idem_core::State::Unknown);
+    store.resolve_released(&key, record.fence).await.unwrap();
+    let _ = app.post(Some("k"), "").await;
+    assert_eq!(app.count(), 2);
+}
+
+/// A handler that says its outcome is unknown (its own provider call timed out) has its
+/// answer passed on, unstored, and its key held: retries are 409 until the hold ends, then
+/// the next one runs.
+#[tokio::test(start_paused = true)]
+async fn a_handler_that_marks_its_outcome_unknown_holds_its_key() {
+    use idem_core::{Clock, ManualClock, SystemClock};
+    let clock = ManualClock::new(SystemClock.now());
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let config = Config::builder().unknown_hold(Some(Duration::from_secs(20)));
+    let app = App::serve(store, config, |counter| {
+        Router::new().route(
+            "/run",
+            post(move || async move {
+                let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+                let mut response = Response::new(Body::from(format!("provider timed out {n}")));
+                *response.status_mut() = StatusCode::GATEWAY_TIMEOUT;
+                response
+                    .extensions_mut()
+                    .insert(idem_http::OutcomeUnknown::new("the provider timed out"));
+                response
+            }),
+        )
+    })
+    .await
+    .in_process();
+    let first = app.post(Some("k"), "").await;
+    assert_eq!(first.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(first.body, "provider timed out 1");
+    let retry = app.post(Some("k"), "").await;
+    assert_eq!(retry.status, StatusCode::CONFLICT);
+    assert_eq!(app.count(), 1);
+    clock.advance(Duration::from_secs(21));
+    let after = app.post(Some("k"), "").await;
+    assert_eq!(after.body, "provider timed out 2");
+    assert_eq!(app.count(), 2);
 }
 
 /// A streamed response body (no length announced) that sends a frame, then panics.

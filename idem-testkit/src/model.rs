@@ -167,6 +167,65 @@ impl Run {
 
     /// An operator resolves key `k` of the store and of the model (see [`Op::Resolve`]); the
     /// two answer alike.
+    /// A heartbeat of worker `w`'s lease on key `k`, if it holds one, against the model's.
+    async fn heartbeat(
+        &mut self,
+        store: &dyn Store,
+        w: usize,
+        k: usize,
+        at: &str,
+    ) -> Result<(), TestCaseError> {
+        let Some((s, m)) = self.held.get(&(w, k)).cloned() else {
+            return Ok(());
+        };
+        let got = store.heartbeat(&s, LEASE).await;
+        let want = machine::heartbeat(
+            self.model.records.get(&k),
+            &m,
+            LEASE,
+            self.model.now,
+            LeasePolicy::Lenient,
+        )
+        .map(|step| self.model.apply(k, step));
+        compare_results(&got, &want, at)?;
+        if let (Ok(s), Ok(m)) = (got, want) {
+            self.held.insert((w, k), (s, m));
+        }
+        Ok(())
+    }
+
+    /// Worker `w` settles its lease on key `k` as unknown, if it holds one, as the model does.
+    async fn settle_unknown(
+        &mut self,
+        store: &dyn Store,
+        w: usize,
+        k: usize,
+        hold: Option<u64>,
+        at: &str,
+    ) -> Result<(), TestCaseError> {
+        let Some((s, m)) = self.held.get(&(w, k)).cloned() else {
+            return Ok(());
+        };
+        let outcome = UnknownOutcome::new(format!("worker {w} lost the answer"));
+        let hold = hold.map(Duration::from_secs);
+        let got = store
+            .settle_unknown(&s, outcome.clone(), hold, RETENTION)
+            .await;
+        let want = machine::settle_unknown(
+            self.model.records.get(&k),
+            &m,
+            outcome,
+            hold,
+            RETENTION,
+            self.model.now,
+            LeasePolicy::Lenient,
+        )
+        .map(|step| self.model.apply(k, step));
+        compare_results(&got, &want, at)?;
+        self.held.remove(&(w, k));
+        Ok(())
+    }
+
     async fn resolve(
         &mut self,
         store: &dyn Store,
@@ -301,24 +360,7 @@ async fn run_program(h: &impl Harness, ops: &[Op]) -> Result<(), TestCaseError> 
                 run.model.now = run.model.now.saturating_add(Duration::from_secs(secs));
             }
             Op::Claim(w, k, payload) => run.claim(store.as_ref(), w, k, payload, &at).await?,
-            Op::Heartbeat(w, k) => {
-                let Some((s, m)) = run.held.get(&(w, k)).cloned() else {
-                    continue;
-                };
-                let got = store.heartbeat(&s, LEASE).await;
-                let want = machine::heartbeat(
-                    run.model.records.get(&k),
-                    &m,
-                    LEASE,
-                    run.model.now,
-                    LeasePolicy::Lenient,
-                )
-                .map(|step| run.model.apply(k, step));
-                compare_results(&got, &want, &at)?;
-                if let (Ok(s), Ok(m)) = (got, want) {
-                    run.held.insert((w, k), (s, m));
-                }
-            }
+            Op::Heartbeat(w, k) => run.heartbeat(store.as_ref(), w, k, &at).await?,
             Op::Complete(w, k) => {
                 let Some((s, m)) = run.held.get(&(w, k)).cloned() else {
                     continue;
@@ -370,26 +412,7 @@ async fn run_program(h: &impl Harness, ops: &[Op]) -> Result<(), TestCaseError> 
                 run.held.remove(&(w, k));
             }
             Op::SettleUnknown(w, k, hold) => {
-                let Some((s, m)) = run.held.get(&(w, k)).cloned() else {
-                    continue;
-                };
-                let outcome = UnknownOutcome::new(format!("worker {w} lost the answer"));
-                let hold = hold.map(Duration::from_secs);
-                let got = store
-                    .settle_unknown(&s, outcome.clone(), hold, RETENTION)
-                    .await;
-                let want = machine::settle_unknown(
-                    run.model.records.get(&k),
-                    &m,
-                    outcome,
-                    hold,
-                    RETENTION,
-                    run.model.now,
-                    LeasePolicy::Lenient,
-                )
-                .map(|step| run.model.apply(k, step));
-                compare_results(&got, &want, &at)?;
-                run.held.remove(&(w, k));
+                run.settle_unknown(store.as_ref(), w, k, hold, &at).await?
             }
             Op::Resolve(k, completed, fresh) => {
                 run.resolve(store.as_ref(), k, completed, fresh, &at)

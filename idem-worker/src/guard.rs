@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use idem_core::{
     Bytes, ClaimOutcome, ClaimRequest, Failure, Fence, Fingerprint, IdempotencyKey, Lease,
-    OwnerToken, RecordKey, Scope, Store, StoreError, UnknownOutcome,
+    OwnerToken, Record, RecordKey, Scope, Store, StoreError, UnknownOutcome,
 };
 use idem_lease::{KeeperConfig, Metered};
 use serde::Serialize;
@@ -267,19 +267,8 @@ impl JobGuard {
             }
             Ok(ClaimOutcome::Completed(record)) => {
                 inner.labels.count(m::REPLAYS);
-                let decoded = record
-                    .result
-                    .as_deref()
-                    .map(serde_json::from_slice::<T>)
-                    .unwrap_or_else(|| serde_json::from_slice::<T>(b""));
-                match decoded {
-                    Ok(value) => finish(JobOutcome::Replayed(value), Disposition::Ack, "completed"),
-                    Err(error) => finish(
-                        JobOutcome::Error(RunError::Decode(error)),
-                        Disposition::DeadLetter,
-                        "completed",
-                    ),
-                }
+                let (outcome, disposition) = replayed(&record);
+                finish(outcome, disposition, "completed")
             }
             Ok(ClaimOutcome::Failed(record)) => {
                 let failure = record
@@ -292,23 +281,8 @@ impl JobGuard {
                 )
             }
             Ok(ClaimOutcome::Unknown(record)) => {
-                // An earlier attempt lost the answer of its side effect: the job may have taken
-                // effect, so it does not run again. The message is set aside for an operator,
-                // who resolves the record and then redelivers it (replayed once resolved as
-                // completed, run once released).
-                let outcome = record.unknown.unwrap_or_else(|| {
-                    UnknownOutcome::new("the outcome is unknown (nothing recorded)")
-                });
                 span.record("fence", record.fence.get());
-                finish(
-                    JobOutcome::Unknown {
-                        outcome,
-                        fence: record.fence,
-                        hold_until: record.hold_until,
-                    },
-                    Disposition::DeadLetter,
-                    "unknown",
-                )
+                finish(held_unknown(record), Disposition::DeadLetter, "unknown")
             }
             Ok(ClaimOutcome::Mismatch) => {
                 inner.labels.count(m::MISMATCHES);
@@ -503,6 +477,37 @@ pub(crate) fn logged(error: &RunError, redact: bool) -> String {
             source.redacted(true)
         ),
         other => other.to_string(),
+    }
+}
+
+/// The answer to a delivery of a completed job: its kept result, decoded.
+fn replayed<T: DeserializeOwned>(record: &Record) -> (JobOutcome<T>, Disposition) {
+    let decoded = record
+        .result
+        .as_deref()
+        .map(serde_json::from_slice::<T>)
+        .unwrap_or_else(|| serde_json::from_slice::<T>(b""));
+    match decoded {
+        Ok(value) => (JobOutcome::Replayed(value), Disposition::Ack),
+        Err(error) => (
+            JobOutcome::Error(RunError::Decode(error)),
+            Disposition::DeadLetter,
+        ),
+    }
+}
+
+/// The answer to a delivery of a job whose earlier attempt lost the answer of its side effect:
+/// the job may have taken effect, so it does not run again. The message is set aside for an
+/// operator, who resolves the record and then redelivers it (replayed once resolved as
+/// completed, run once released).
+fn held_unknown<T>(record: Record) -> JobOutcome<T> {
+    let outcome = record
+        .unknown
+        .unwrap_or_else(|| UnknownOutcome::new("the outcome is unknown (nothing recorded)"));
+    JobOutcome::Unknown {
+        outcome,
+        fence: record.fence,
+        hold_until: record.hold_until,
     }
 }
 

@@ -206,6 +206,8 @@ pub fn grpc_code(rejection: &Rejection) -> Code {
         Rejection::InFlight { .. } => Code::Aborted,
         // The key is bound to another request, or to a failed operation: use a new key.
         Rejection::Mismatch | Rejection::FailedPermanently => Code::FailedPrecondition,
+        // An earlier call lost its answer: not run again; retry later for the answer.
+        Rejection::OutcomeUnknown { .. } => Code::Aborted,
         Rejection::StoreUnavailable { .. } => Code::Unavailable,
         _ => Code::Internal,
     }

@@ -622,29 +622,8 @@ proptest! {
             match op {
                 Op::Advance { secs } => now = now.saturating_add(Duration::from_secs(secs)),
                 Op::Claim { worker, body } => {
-                    let req = request(&[body]);
-                    // As a store does: the lowest fence allowed is one above the last one granted.
-                    let step = claim(stored.as_ref(), &req, now, last_fence.successor(), OwnerToken::random()).unwrap();
-                    if let (ClaimOutcome::Acquired { .. }, Some(record)) = (&step.answer, stored.as_ref()) {
-                        if record.state == State::Unknown && !record.is_expired(now) {
-                            prop_assert!(record.hold_lapsed(now), "an unknown record was granted in its hold");
-                        }
-                    }
-                    if let ClaimOutcome::Acquired { lease, .. } = &step.answer {
-                        prop_assert!(lease.fence > last_fence);
-                        last_fence = lease.fence;
-                        // No other worker may hold a live lease on the same record.
-                        for (other, held) in leases.iter().enumerate() {
-                            if let (Some(held), Some(record)) = (held, stored.as_ref()) {
-                                prop_assert!(other == worker || !(lease_is_live(held, record, now)));
-                            }
-                        }
-                        leases[worker] = Some(lease.clone());
-                    }
-                    if step.answer == ClaimOutcome::Mismatch {
-                        prop_assert_eq!(&step.write, &Write::Nothing);
-                    }
-                    apply(&mut stored, step.write);
+                    let write = claim_checked(stored.as_ref(), worker, body, now, &mut leases, &mut last_fence)?;
+                    apply(&mut stored, write);
                 }
                 Op::Heartbeat { worker } => {
                     if let Some(lease) = leases[worker].clone() {
@@ -695,28 +674,92 @@ proptest! {
                         }
                     }
                 }
-                Op::ResolveCompleted { stale } | Op::ResolveReleased { stale } => {
-                    let seen = stored.as_ref().map_or(Fence::MIN, |r| r.fence);
-                    let fence = if stale { seen.successor() } else { seen };
-                    let step = match op {
-                        Op::ResolveCompleted { .. } => resolve_completed(stored.as_ref(), fence, Bytes::from_static(b"r"), RETENTION, now),
-                        _ => resolve_released(stored.as_ref(), fence, now),
-                    };
-                    match step {
-                        Ok(step) => {
-                            if step.write != Write::Nothing {
-                                let record = stored.as_ref().filter(|r| !r.is_expired(now));
-                                prop_assert!(record.is_some_and(|r| r.state == State::Unknown && r.fence == fence));
-                            }
-                            apply(&mut stored, step.write)
-                        }
-                        Err(e) => prop_assert!(e.rejection().is_some()),
-                    }
+                Op::ResolveCompleted { .. } | Op::ResolveReleased { .. } => {
+                    let write = resolve_checked(stored.as_ref(), &op, now)?;
+                    apply(&mut stored, write);
                 }
             }
             if let Some(record) = &stored {
                 prop_assert!(record.validate().is_ok());
             }
+        }
+    }
+}
+
+/// A claim by `worker`, checked against the invariants: the write it asks for is returned.
+fn claim_checked(
+    stored: Option<&Record>,
+    worker: usize,
+    body: u8,
+    now: Timestamp,
+    leases: &mut [Option<Lease>; 3],
+    last_fence: &mut Fence,
+) -> Result<Write, TestCaseError> {
+    let req = request(&[body]);
+    // As a store does: the lowest fence allowed is one above the last one granted.
+    let step = claim(
+        stored,
+        &req,
+        now,
+        last_fence.successor(),
+        OwnerToken::random(),
+    )
+    .unwrap();
+    if let (ClaimOutcome::Acquired { .. }, Some(record)) = (&step.answer, stored) {
+        if record.state == State::Unknown && !record.is_expired(now) {
+            prop_assert!(
+                record.hold_lapsed(now),
+                "an unknown record was granted in its hold"
+            );
+        }
+    }
+    if let ClaimOutcome::Acquired { lease, .. } = &step.answer {
+        prop_assert!(lease.fence > *last_fence);
+        *last_fence = lease.fence;
+        // No other worker may hold a live lease on the same record.
+        for (other, held) in leases.iter().enumerate() {
+            if let (Some(held), Some(record)) = (held, stored) {
+                prop_assert!(other == worker || !(lease_is_live(held, record, now)));
+            }
+        }
+        leases[worker] = Some(lease.clone());
+    }
+    if step.answer == ClaimOutcome::Mismatch {
+        prop_assert_eq!(&step.write, &Write::Nothing);
+    }
+    Ok(step.write)
+}
+
+/// A resolution of the stored record at its fence (or a stale one), checked: it writes only
+/// an unknown record at its fence.
+fn resolve_checked(
+    stored: Option<&Record>,
+    op: &Op,
+    now: Timestamp,
+) -> Result<Write, TestCaseError> {
+    let stale = matches!(
+        op,
+        Op::ResolveCompleted { stale: true } | Op::ResolveReleased { stale: true }
+    );
+    let seen = stored.map_or(Fence::MIN, |r| r.fence);
+    let fence = if stale { seen.successor() } else { seen };
+    let step = match op {
+        Op::ResolveCompleted { .. } => {
+            resolve_completed(stored, fence, Bytes::from_static(b"r"), RETENTION, now)
+        }
+        _ => resolve_released(stored, fence, now),
+    };
+    match step {
+        Ok(step) => {
+            if step.write != Write::Nothing {
+                let record = stored.filter(|r| !r.is_expired(now));
+                prop_assert!(record.is_some_and(|r| r.state == State::Unknown && r.fence == fence));
+            }
+            Ok(step.write)
+        }
+        Err(e) => {
+            prop_assert!(e.rejection().is_some());
+            Ok(Write::Nothing)
         }
     }
 }
