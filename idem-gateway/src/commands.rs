@@ -196,7 +196,7 @@ pub async fn start(
     metrics: Option<RenderMetrics>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Running, Failure> {
-    let store = crate::store::open_to_serve(&config.store).await?;
+    let store = crate::store::open_to_serve(&config.store, true).await?;
     // A Redis connection is driven by a task of the runtime that made it: each serving thread
     // gets its own, so that a store call does not wake another thread and wait for it (on
     // the memory, redb and PostgreSQL stores the serving threads share the one store).
@@ -321,7 +321,7 @@ fn workers(
             }
         };
         let worker_store = if own_stores {
-            run_on(&runtime, crate::store::open_to_serve(&config.store))
+            run_on(&runtime, crate::store::open_to_serve(&config.store, false))
                 .map_err(Failure::runtime)
                 .and_then(|opened| opened)
                 .map(|store| -> Arc<dyn Store> { Arc::new(Watched::new(store, in_flight.clone())) })

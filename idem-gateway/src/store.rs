@@ -128,19 +128,24 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// then answers every operation as unavailable: covered requests get 503 with `Retry-After`
 /// (or run unrecorded, `fail_open`), `/readyz` says the store does not answer, and `/healthz`
 /// that the process does. A store that goes down later behaves the same, so a gateway started
-/// before its store needs no restart.
+/// before its store needs no restart. A store that does not answer yet is logged as a warning
+/// when `warn` (the first open; a serving thread's own connection to the same store says
+/// nothing more).
 ///
 /// # Errors
 /// [`Failure`] for any failure but a server that does not answer yet: a bad setting or a store
 /// this build lacks (exit 2), a redb file in use by another process, damaged, or empty
 /// (unless `--redb-allow-empty`), a server that refuses the credentials or that asks for a
 /// password the URL does not have.
-pub(crate) async fn open_to_serve(config: &StoreConfig) -> Result<Arc<dyn Store>, Failure> {
+pub(crate) async fn open_to_serve(
+    config: &StoreConfig,
+    warn: bool,
+) -> Result<Arc<dyn Store>, Failure> {
     let opened = options(config)
         .open_or_defer(&config.spec)
         .await
         .map_err(|err| creating_failure(config, err))?;
-    if let Some(error) = &opened.deferred {
+    if let (Some(error), true) = (&opened.deferred, warn) {
         tracing::warn!(
             store = %config.spec,
             %error,

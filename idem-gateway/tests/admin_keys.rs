@@ -567,6 +567,40 @@ async fn the_page_needs_a_login_escapes_keys_and_deletes_only_with_its_csrf_toke
     assert_eq!(page.status, 200);
 }
 
+/// `/ui` shows a completed key's stored response, folded: its headers and a bounded body
+/// preview in which every byte is visible and nothing is markup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_a_stored_response_escaped_and_bounded() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config_with(fixture.addr, "", &with_token())).await;
+    let admin = gateway.admin.clone().unwrap();
+    let http = Http::new();
+    let body = format!("<script>x</script>\u{1b}{}", "z".repeat(2000));
+    let done = http.post_key(&gateway.url("/echo"), "shown", &body).await;
+    assert_eq!(done.status, 201);
+    let bearer = format!("Bearer {TOKEN}");
+    let page = http
+        .send(
+            Method::GET,
+            &format!("{admin}/ui"),
+            &[("authorization", &bearer)],
+            "",
+        )
+        .await;
+    assert_eq!(page.status, 200);
+    let html = page.text();
+    assert!(html.contains(&format!("{} bytes", body.len())), "{html}");
+    assert!(
+        html.contains("&lt;script&gt;x&lt;/script&gt;\\u{1b}zzz"),
+        "{html}"
+    );
+    assert!(!html.contains("<script>"), "markup from a body in the page");
+    assert!(
+        !html.contains(&"z".repeat(600)),
+        "the preview is not bounded"
+    );
+}
+
 /// The session cookie is `Secure` when the browser reached the listener over HTTPS, through a
 /// proxy that says so (`X-Forwarded-Proto: https`), and not over plain HTTP, where a browser
 /// would drop a `Secure` cookie; before, it was never `Secure`. Logging out removes it with the

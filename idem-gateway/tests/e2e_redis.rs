@@ -218,3 +218,48 @@ async fn a_gateway_starts_before_its_store_and_connects_when_it_answers() {
     assert!(replayed, "the retry was never replayed");
     assert_eq!(fixture.count().await, 1);
 }
+
+/// A Redis store that does not answer at start is reported once, not once more for each
+/// serving thread's own connection to it. Before, the warning came three times.
+#[test]
+fn a_store_that_does_not_answer_is_reported_once() {
+    use std::io::{BufRead, BufReader, Read};
+    let port = free_addr().port();
+    let mut child = common::idem_command("serve")
+        .args([
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--store",
+            &format!("redis://127.0.0.1:{port}"),
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("listening on") {
+        line.clear();
+        assert!(
+            stdout.read_line(&mut line).unwrap() > 0,
+            "no listening line"
+        );
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert_eq!(
+        stderr.matches("the store does not answer").count(),
+        1,
+        "{stderr}"
+    );
+}

@@ -24,7 +24,7 @@ use super::access::same;
 use super::monitor::{InFlight, Monitor, scan_all};
 use super::{Access, Admin, Grant, NOT_ALLOWED, RenderMetrics, TOO_MANY, Visitor, session};
 use super::{challenge, only, text, throttled};
-use crate::records::{ArgNames, record_key, time};
+use crate::records::{ArgNames, BODY_PREVIEW, escaped, record_key, time};
 
 /// How many recent completions and failures the page lists.
 const RECENT: usize = 20;
@@ -289,6 +289,30 @@ fn scope_cell(record: &Record) -> String {
 /// How long each of the page's scans may take.
 const SCAN_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// A stored response as the page shows it, folded: its headers and the first
+/// [`BODY_PREVIEW`] bytes of its body, every byte visible ([`escaped`]) and HTML-escaped.
+fn response_cell(response: &idem_http::codec::StoredResponse) -> String {
+    let mut text = String::new();
+    for (name, value) in &response.headers {
+        let _ = writeln!(text, "{}: {}", name, escaped(value.as_bytes()));
+    }
+    let summary = match &response.body {
+        Some(body) => {
+            let shown = &body[..body.len().min(BODY_PREVIEW)];
+            let _ = write!(text, "\n{}", escaped(shown));
+            if body.len() > BODY_PREVIEW {
+                text.push_str(" …");
+            }
+            format!("{} bytes", body.len())
+        }
+        None => "body not stored".to_owned(),
+    };
+    format!(
+        "<details><summary>{summary}</summary><pre>{}</pre></details>",
+        html(&text)
+    )
+}
+
 /// A scan, or why there is none (its error, or no answer within [`SCAN_TIMEOUT`]).
 async fn within<T>(
     scan: impl std::future::Future<Output = Result<T, idem_core::StoreError>>,
@@ -467,15 +491,18 @@ impl Page<'_> {
         records.sort_by_key(|r| std::cmp::Reverse(r.completed_at.unwrap_or(r.created_at)));
         records.truncate(RECENT);
         body.push_str(
-            "<table id=\"recent\"><tr><th>key</th><th>scope</th><th>state</th><th>status</th><th>finished</th><th>fence</th><th>failure</th></tr>\n",
+            "<table id=\"recent\"><tr><th>key</th><th>scope</th><th>state</th><th>status</th><th>finished</th><th>fence</th><th>failure</th><th>response</th></tr>\n",
         );
         for record in &records {
-            let status = record
+            let response = record
                 .result
                 .as_ref()
-                .and_then(|bytes| idem_http::codec::decode(bytes).ok())
+                .and_then(|bytes| idem_http::codec::decode(bytes).ok());
+            let status = response
+                .as_ref()
                 .map(|r| r.status.as_u16().to_string())
                 .unwrap_or_default();
+            let preview = response.as_ref().map(response_cell).unwrap_or_default();
             let failure = record
                 .failure
                 .as_ref()
@@ -483,7 +510,7 @@ impl Page<'_> {
                 .unwrap_or_default();
             let _ = writeln!(
                 body,
-                "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{status}</td><td>{}</td><td class=\"n\">{}</td><td>{failure}</td></tr>",
+                "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{status}</td><td>{}</td><td class=\"n\">{}</td><td>{failure}</td><td>{preview}</td></tr>",
                 html(record.key.key.as_str()),
                 scope_cell(record),
                 record.state,
