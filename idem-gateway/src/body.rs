@@ -2,6 +2,8 @@
 //! idempotency layer read to fingerprint it) and [`GatewayBody`] (every response).
 
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
@@ -144,6 +146,67 @@ impl<B: Body + Unpin> Body for SettledTrailers<B> {
             }
             return Poll::Ready(Some(Ok(frame)));
         }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// A request body that notes when its last frame was handed over (to the upstream
+/// connection): the upstream then has the whole request and may be running it, so an answer
+/// lost after that is an unknown outcome, while one lost before is a request that never ran.
+/// Only a claimed request carries a note (`None` otherwise: nothing to decide, no
+/// allocation).
+#[derive(Debug)]
+pub(crate) struct Delivered<B> {
+    body: B,
+    note: Option<Arc<AtomicBool>>,
+}
+
+impl<B: Body> Delivered<B> {
+    /// `body`, noting its delivery in `note` (an empty body is delivered with its head, and
+    /// noted at once).
+    pub(crate) fn new(body: B, note: Option<Arc<AtomicBool>>) -> Self {
+        if let Some(note) = &note {
+            if body.is_end_stream() {
+                note.store(true, Ordering::Release);
+            }
+        }
+        Delivered { body, note }
+    }
+
+    /// Whether the whole body was handed over, as `note` says.
+    pub(crate) fn was_delivered(note: &AtomicBool) -> bool {
+        note.load(Ordering::Acquire)
+    }
+}
+
+impl<B: Body + Unpin> Body for Delivered<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let this = self.get_mut();
+        let polled = ready!(Pin::new(&mut this.body).poll_frame(cx));
+        if let Some(note) = &this.note {
+            let ended = match &polled {
+                None => true,
+                Some(Ok(_)) => this.body.is_end_stream(),
+                Some(Err(_)) => false,
+            };
+            if ended {
+                note.store(true, Ordering::Release);
+            }
+        }
+        Poll::Ready(polled)
     }
 
     fn is_end_stream(&self) -> bool {

@@ -6,7 +6,7 @@
 use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -25,7 +25,8 @@ use crate::body::{GatewayBody, RequestBody, boxed, full};
 use crate::config::toml::{KeyMode, OnStoreError};
 use crate::config::{Config, GatewayConfigError, RoutePath, RouteSettings, ScopeSpec, StoreConfig};
 use crate::normal_path::{NormalPath, PathError, unambiguous};
-use crate::proxy::{ClientAddr, Proxy, ProxyError, Tracker};
+use crate::proxy::{ClientAddr, LostAnswer, Proxy, ProxyError, Tracker};
+use crate::reconcile::Reconciler;
 use crate::request_head::{HeadError, HeadPolicy};
 
 /// The metric names of the gateway, next to the layer's (see `idem_http::metrics`).
@@ -46,6 +47,9 @@ pub(crate) mod metric {
     /// Requests whose body broke while it was sent on (a malformed chunk, a client that
     /// closed before the announced length), answered 400, counter.
     pub(crate) const CLIENT_BODY_ERRORS: &str = "idem_gateway_client_body_errors_total";
+    /// Exchanges whose answer was lost after the upstream had the request, by route: their
+    /// keys are held as unknown, counter.
+    pub(crate) const UNKNOWN_OUTCOMES: &str = "idem_gateway_unknown_outcomes_total";
     /// The reasons of [`REFUSED`], each registered at zero.
     pub(crate) const REFUSED_REASONS: [&str; 6] = [
         "host",
@@ -95,7 +99,8 @@ fn layer_builder(
         .strict(settings.strict_keys)
         .store_label(store_label)
         .log_keys(settings.log_keys)
-        .fingerprint_host(settings.fingerprint_host);
+        .fingerprint_host(settings.fingerprint_host)
+        .unknown_hold(settings.unknown_hold());
     if let Some(secret) = &store.scope_secret {
         builder = builder.scope_secret(&secret.0)?;
     }
@@ -149,6 +154,13 @@ struct RouteEntry {
     /// Requests by status class: 1xx to 5xx.
     by_class: [Counter; 5],
     duration: Histogram,
+    /// `idem_gateway_unknown_outcomes_total{route}`: exchanges whose answer was lost.
+    unknowns: Counter,
+    /// Asks the upstream for unknown outcomes (`reconcile`), if the route names a path.
+    reconciler: Option<Reconciler>,
+    /// How long an unknown key is held before it is freed, and the store to see it in, for the
+    /// log line and count of a release after a hold (`None`: held until resolved).
+    lapse: Option<(Duration, Arc<dyn Store>)>,
 }
 
 /// The gateway: routes, each with its layer and the shared proxy. Cheap to clone.
@@ -200,6 +212,7 @@ impl Gateway {
         let proxy = Proxy::new(config.require_upstream()?, tracker);
         let mut routes = Vec::with_capacity(config.routes.len());
         for route in &config.routes {
+            let mut reconciler = None;
             let service = if route.settings.enabled {
                 let layer_config = layer_builder(&route.settings, &config.store)
                     .and_then(|builder| {
@@ -212,6 +225,16 @@ impl Gateway {
                     .map_err(|err| {
                         GatewayConfigError::new(None, format!("route {:?}: {err}", route.name))
                     })?;
+                reconciler = route.settings.reconcile.as_deref().map(|template| {
+                    Reconciler::new(
+                        &route.name,
+                        proxy.clone(),
+                        store.clone(),
+                        template,
+                        &route.settings,
+                        layer_config.clone(),
+                    )
+                });
                 let layer = IdempotencyLayer::from_arc(store.clone(), layer_config);
                 RouteService::Layered(layer.layer(proxy.clone()))
             } else {
@@ -222,12 +245,19 @@ impl Gateway {
                 metrics::counter!(metric::REQUESTS, "route" => name.clone(), "status" => class)
             });
             let duration = metrics::histogram!(metric::DURATION, "route" => name.clone());
+            let unknowns = metrics::counter!(metric::UNKNOWN_OUTCOMES, "route" => name.clone());
             routes.push(RouteEntry {
                 name,
                 path: route.path.clone(),
                 service,
                 by_class,
                 duration,
+                unknowns,
+                reconciler,
+                lapse: route
+                    .settings
+                    .unknown_hold()
+                    .map(|hold| (hold, store.clone())),
             });
         }
         let upstream_errors = ERROR_KINDS
@@ -241,6 +271,9 @@ impl Gateway {
             .collect();
         let refused = metric::REFUSED_REASONS
             .map(|reason| metrics::counter!(metric::REFUSED, "reason" => reason));
+        for way in crate::reconcile::WAYS {
+            let _registered = crate::reconcile::resolved(way);
+        }
         Ok(Gateway {
             routes: routes.into(),
             upstream_errors,
@@ -294,7 +327,10 @@ impl Gateway {
             RouteService::Plain(proxy) => proxy.forward(request).await.map(|r| r.map(boxed)),
         };
         let response = match result {
-            Ok(response) => response,
+            Ok(response) => {
+                self.unknown_outcomes(route, &response, &method, &uri);
+                response
+            }
             Err(err @ ProxyError::ClientBody { .. }) => {
                 self.client_body_errors.increment(1);
                 tracing::debug!(route = %route.name, %method, path = uri.path(), error = %crate::proxy::error_chain(&err), "the client's body broke off; the key, if any, is released");
@@ -322,6 +358,36 @@ impl Gateway {
             "request"
         );
         response
+    }
+
+    /// Counts, logs and reconciles an unknown outcome: an exchange of this request whose
+    /// answer was lost ([`LostAnswer`]), or a retry answered `outcome-unknown` (a key another
+    /// attempt left unknown: its reconciler starts here if none runs).
+    fn unknown_outcomes(
+        &self,
+        route: &RouteEntry,
+        response: &Response<GatewayBody>,
+        method: &http::Method,
+        uri: &http::Uri,
+    ) {
+        if let Some(lost) = response.extensions().get::<LostAnswer>() {
+            let kind = lost.error.kind();
+            if let Some((_, counter)) = self.upstream_errors.iter().find(|(k, _)| *k == kind) {
+                counter.increment(1);
+            }
+            route.unknowns.increment(1);
+            tracing::warn!(route = %route.name, %method, path = uri.path(), key = %lost.key, fence = lost.fence.get(), error = %crate::proxy::error_chain(lost.error.as_ref()), "the upstream had the request and its answer was lost: the key is held as unknown");
+            if let Some(reconciler) = &route.reconciler {
+                reconciler.start(lost.key.clone(), lost.fence);
+            }
+            if let Some((hold, store)) = &route.lapse {
+                crate::reconcile::note_lapse(store.clone(), lost.key.clone(), lost.fence, *hold);
+            }
+        } else if let (Some(reconciler), Some(Rejection::OutcomeUnknown { key, fence, .. })) =
+            (&route.reconciler, response.extensions().get::<Rejection>())
+        {
+            reconciler.start(key.clone(), *fence);
+        }
     }
 
     /// Checks a request's head, `Host` and path before it goes anywhere, and chooses its route;
@@ -513,7 +579,7 @@ pub(crate) fn proxy_error_response(err: &ProxyError) -> Response<GatewayBody> {
 }
 
 /// [`proxy_error_response`], its body in one piece.
-fn proxy_error_problem(err: &ProxyError) -> Response<Bytes> {
+pub(crate) fn proxy_error_problem(err: &ProxyError) -> Response<Bytes> {
     let mut response = problem(err.status(), err.name(), &err.public_detail());
     if matches!(err, ProxyError::ShuttingDown) {
         response

@@ -59,6 +59,7 @@ mod in_flight;
 mod normal_path;
 mod pool;
 mod proxy;
+mod reconcile;
 mod records;
 mod request_head;
 mod server;

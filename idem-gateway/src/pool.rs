@@ -33,11 +33,11 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-use crate::body::{RequestBody, SettledTrailers};
+use crate::body::{Delivered, RequestBody, SettledTrailers};
 use crate::config::UpstreamConfig;
 
 /// The body of a request as it goes to the upstream.
-pub(crate) type UpstreamRequestBody = SettledTrailers<RequestBody>;
+pub(crate) type UpstreamRequestBody = Delivered<SettledTrailers<RequestBody>>;
 
 /// The sending half of one upstream connection (its driver runs as a task of its own).
 pub(crate) type Sender = SendRequest<UpstreamRequestBody>;
@@ -391,7 +391,10 @@ mod tests {
         let mut conn = pool.checkout(Instant::now()).await.unwrap();
         let request = http::Request::get("/")
             .header(http::header::HOST, "x")
-            .body(SettledTrailers::new(RequestBody::from(bytes::Bytes::new())))
+            .body(crate::body::Delivered::new(
+                SettledTrailers::new(RequestBody::from(bytes::Bytes::new())),
+                None,
+            ))
             .unwrap();
         let response = conn.sender.send_request(request).await.unwrap();
         response.into_body().collect().await.unwrap();

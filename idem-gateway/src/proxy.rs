@@ -5,20 +5,24 @@
 //! replay headers, sets `X-Forwarded-For`, `-Proto` and `-Host`, keeps `Host`, and bounds the
 //! wait for the upstream's answer.
 //!
-//! An upstream that cannot be reached or answers too late is an `Err` ([`ProxyError`]), not a
-//! response: the idempotency layer releases the key on an error (so a retry runs again, whatever
-//! `store_server_errors` says), and the gateway turns the error into 502 or 504. An upstream
-//! that breaks off its response body is counted and logged by its [`UpstreamBody`]; the layer
-//! answers it `Rejection::ResponseBodyFailed`, which the gateway turns into 502 too. A body that
-//! breaks before its first frame, and a 101 (the gateway carries no protocol switch), are an
-//! `Err` as well: the head is passed on only once the first frame (or the end) has come.
+//! An upstream that cannot be reached, or that never had the whole request, is an `Err`
+//! ([`ProxyError`]), not a response: the idempotency layer releases the key on an error (so a
+//! retry runs again, whatever `store_server_errors` says), and the gateway turns the error into
+//! 502 or 504. An exchange whose answer was lost after the upstream had the whole request (no
+//! head within `timeout`, a connection reset or closed before the head, a body that breaks
+//! before its first frame) is a 502 or 504 response instead, marked [`OutcomeUnknown`] so the
+//! layer holds the key as unknown, and [`LostAnswer`] for the gateway's count, log and
+//! reconciliation. An upstream that breaks off its response body later is counted and logged
+//! by its [`UpstreamBody`], and the layer holds that key as unknown too. A 101 (the gateway
+//! carries no protocol switch) is an `Err` as well: the head is passed on only once the first
+//! frame (or the end) has come.
 
 use std::cell::RefCell;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -28,13 +32,14 @@ use http::{Request, Response, StatusCode, Uri};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use idem_core::BoxError;
+use idem_core::{BoxError, Fence, RecordKey, UnknownOutcome};
 use idem_http::fields::{clean_trailer_header, remove_connection_fields, remove_idem_fields};
+use idem_http::{IdempotencyContext, OutcomeUnknown};
 use metrics::Counter;
 use tokio::sync::{Notify, watch};
 use tower_service::Service;
 
-use crate::body::{Guarded, RequestBody, SettledTrailers};
+use crate::body::{Delivered, Guarded, RequestBody, SettledTrailers};
 use crate::config::UpstreamConfig;
 use crate::gateway::metric;
 use crate::pool::{ConnectError, Pool, Sender, UpstreamRequestBody};
@@ -47,7 +52,9 @@ use crate::pool::{ConnectError, Pool, Sender, UpstreamRequestBody};
 /// read ahead, before the head was passed on ([`Proxy::forward`]).
 #[derive(Debug)]
 pub(crate) struct UpstreamBody {
-    body: Guarded<SettledTrailers<Incoming>, InFlightGuard>,
+    /// The upstream's body; `None` for an answer of the gateway's own (the problem of an
+    /// exchange whose answer was lost), all of it in `first`.
+    body: Option<Guarded<SettledTrailers<Incoming>, InFlightGuard>>,
     /// The first frame, read before the head was passed on.
     first: Option<Frame<Bytes>>,
     /// The body ended while its first frame was read.
@@ -84,8 +91,8 @@ impl UpstreamBody {
     /// its first byte gets the client a 502 rather than a head with nothing after it. The error
     /// is returned, neither counted nor logged: the caller answers it as a [`ProxyError`].
     async fn read_first(&mut self) -> Result<(), BoxError> {
-        if !self.body.is_end_stream() {
-            match self.body.frame().await {
+        if let Some(body) = self.body.as_mut().filter(|body| !body.is_end_stream()) {
+            match body.frame().await {
                 Some(Ok(frame)) => self.first = Some(frame),
                 Some(Err(error)) => {
                     self.conn = None;
@@ -122,7 +129,7 @@ impl UpstreamBody {
     /// Gives the connection back to the pool once the upstream's response has ended (hyper's
     /// server stops polling a body that says it has ended, so the end is not always a `None`).
     fn give_back_at_end(&mut self) {
-        if self.ended || self.body.is_end_stream() {
+        if self.ended || self.body.as_ref().is_none_or(Body::is_end_stream) {
             if let Some(sender) = self.conn.take() {
                 self.shared.pool.put(sender);
             }
@@ -142,10 +149,10 @@ impl Body for UpstreamBody {
         if let Some(frame) = this.first.take() {
             return Poll::Ready(Some(Ok(frame)));
         }
-        if this.ended {
+        let Some(body) = this.body.as_mut().filter(|_| !this.ended) else {
             return Poll::Ready(None);
-        }
-        let polled = Pin::new(&mut this.body).poll_frame(cx);
+        };
+        let polled = Pin::new(body).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Err(error))) => {
                 this.conn = None;
@@ -163,7 +170,7 @@ impl Body for UpstreamBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.first.is_none() && (self.ended || self.body.is_end_stream())
+        self.first.is_none() && (self.ended || self.body.as_ref().is_none_or(Body::is_end_stream))
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -172,10 +179,10 @@ impl Body for UpstreamBody {
             .as_ref()
             .and_then(Frame::data_ref)
             .map_or(0, |data| data.len() as u64);
-        if self.ended {
+        let Some(body) = self.body.as_ref().filter(|_| !self.ended) else {
             return SizeHint::with_exact(first);
-        }
-        let rest = self.body.size_hint();
+        };
+        let rest = body.size_hint();
         let mut hint = SizeHint::new();
         hint.set_lower(rest.lower().saturating_add(first));
         if let Some(upper) = rest.upper() {
@@ -208,6 +215,48 @@ fn client_body_failed(err: &hyper::Error) -> bool {
                 .downcast_ref::<hyper::Error>()
                 .is_some_and(|inner| !inner.is_user())
         })
+}
+
+/// The claim a request runs under, as the proxy keeps it while the request is out: its key
+/// and fence, and the note of its delivery ([`Delivered`]).
+#[derive(Debug)]
+struct Claimed {
+    key: RecordKey,
+    fence: Fence,
+    note: Arc<AtomicBool>,
+}
+
+impl Claimed {
+    fn new(context: IdempotencyContext) -> Self {
+        Claimed {
+            key: RecordKey::new(context.scope().clone(), context.key().clone()),
+            fence: context.fence(),
+            note: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// The upstream answered: it had the request.
+    fn answered(self) -> Self {
+        self.note.store(true, Ordering::Release);
+        self
+    }
+
+    fn delivered(&self) -> bool {
+        Delivered::<UpstreamRequestBody>::was_delivered(&self.note)
+    }
+}
+
+/// In the extensions of a response the proxy made for an exchange whose answer was lost (an
+/// unknown outcome): the error, and the key and fence of the claim held as unknown, for the
+/// gateway's count and log and for reconciliation.
+#[derive(Clone, Debug)]
+pub(crate) struct LostAnswer {
+    /// What went wrong.
+    pub(crate) error: Arc<ProxyError>,
+    /// The key held as unknown.
+    pub(crate) key: RecordKey,
+    /// Its fence.
+    pub(crate) fence: Fence,
 }
 
 /// Why the upstream gave no response.
@@ -666,7 +715,7 @@ impl Proxy {
         let shared = &self.shared;
         let guard = shared.tracker.enter();
         let started = Instant::now();
-        let request = self.upstream_request(request);
+        let (request, claimed) = self.upstream_request(request);
         let after = shared.upstream.timeout;
         // One timer and one shutdown watch for the head and the first frame: the first frame
         // is waited for until the head's deadline.
@@ -674,12 +723,16 @@ impl Proxy {
         let mut aborted = std::pin::pin!(shared.tracker.aborted());
         let (response, sender) = tokio::select! {
             biased;
-            result = self.exchange(request, started) => result?,
+            result = self.exchange(request, started) => match result {
+                Ok(exchanged) => exchanged,
+                Err((error, reached)) => return self.lost(error, reached, claimed, false),
+            },
             () = &mut expired => {
-                return Err(ProxyError::Timeout {
+                let error = ProxyError::Timeout {
                     upstream: shared.name.clone(),
                     after,
-                });
+                };
+                return self.lost(error, true, claimed, false);
             }
             () = &mut aborted => return Err(ProxyError::ShuttingDown),
         };
@@ -692,7 +745,10 @@ impl Proxy {
         let announced = strip_hop_by_hop(&mut parts.headers);
         remove_idem_fields(&mut parts.headers);
         let mut body = UpstreamBody {
-            body: Guarded::new(SettledTrailers::announced(body, announced), guard),
+            body: Some(Guarded::new(
+                SettledTrailers::announced(body, announced),
+                guard,
+            )),
             first: None,
             ended: false,
             conn: Some(sender),
@@ -708,44 +764,88 @@ impl Proxy {
             () = &mut aborted => return Err(ProxyError::ShuttingDown),
         };
         if let Err(err) = first {
-            return Err(ProxyError::Failed {
+            let error = ProxyError::Failed {
                 upstream: shared.name.clone(),
                 source: error_chain(err.as_ref()).into(),
-            });
+            };
+            // The upstream answered: it had the request, whatever its body says.
+            return self.lost(error, true, claimed.map(Claimed::answered), true);
         }
+        Ok(Response::from_parts(parts, body))
+    }
+
+    /// The answer to an exchange that failed with `error`: a claimed request that the upstream
+    /// may have run (it had the whole request, `reached`, and did not answer, or broke off its
+    /// answer, `head_seen`) is an unknown outcome, answered as a response that tells the
+    /// idempotency layer so ([`OutcomeUnknown`]: the key is held, not released) and carries
+    /// the error for the gateway's count and log ([`LostAnswer`]). Anything else (nothing was
+    /// sent, the upstream refused the connection, the request is not claimed) is the error.
+    fn lost(
+        &self,
+        error: ProxyError,
+        reached: bool,
+        claimed: Option<Claimed>,
+        head_seen: bool,
+    ) -> Result<Response<UpstreamBody>, ProxyError> {
+        let Some(claimed) = claimed.filter(|claimed| reached && claimed.delivered()) else {
+            return Err(error);
+        };
+        let detail = error.public_detail();
+        let problem = crate::gateway::proxy_error_problem(&error);
+        let (mut parts, bytes) = problem.into_parts();
+        let outcome = UnknownOutcome::new(format!("{detail}, after the upstream had the request"))
+            .request_sent(true)
+            .head_seen(head_seen);
+        parts.extensions.insert(OutcomeUnknown(outcome));
+        parts.extensions.insert(LostAnswer {
+            error: Arc::new(error),
+            key: claimed.key,
+            fence: claimed.fence,
+        });
+        let body = UpstreamBody {
+            body: None,
+            first: Some(Frame::data(bytes)),
+            ended: true,
+            conn: None,
+            idle: None,
+            idle_armed: false,
+            shared: self.shared.clone(),
+        };
         Ok(Response::from_parts(parts, body))
     }
 
     /// Sends `request` on a connection of the pool (or a new one) and waits for the response
     /// head. A request that a connection taken from the pool returns unsent (it was closed in
-    /// the meantime) goes on another one.
+    /// the meantime) goes on another one. An error comes with whether the request may have
+    /// reached the upstream (it was written, or hyper does not say it was not).
     async fn exchange(
         &self,
         mut request: Request<UpstreamRequestBody>,
         now: Instant,
-    ) -> Result<(Response<Incoming>, Sender), ProxyError> {
+    ) -> Result<(Response<Incoming>, Sender), (ProxyError, bool)> {
         loop {
             let mut conn = self
                 .shared
                 .pool
                 .checkout(now)
                 .await
-                .map_err(|err| self.connect_error(err))?;
+                .map_err(|err| (self.connect_error(err), false))?;
             match conn.sender.try_send_request(request).await {
                 Ok(response) => return Ok((response, conn.sender)),
                 Err(mut err) => match err.take_message() {
                     Some(unsent) if conn.reused => request = unsent,
-                    _ => {
+                    unsent => {
                         let err = err.into_error();
                         if client_body_failed(&err) {
-                            return Err(ProxyError::ClientBody {
-                                source: error_chain(&err).into(),
-                            });
+                            let source = error_chain(&err).into();
+                            return Err((ProxyError::ClientBody { source }, false));
                         }
-                        return Err(ProxyError::Failed {
+                        let error = ProxyError::Failed {
                             upstream: self.shared.name.clone(),
                             source: err.into(),
-                        });
+                        };
+                        // A request hyper gives back was never written.
+                        return Err((error, unsent.is_none()));
                     }
                 },
             }
@@ -753,14 +853,24 @@ impl Proxy {
     }
 
     /// The request as the upstream gets it: hop-by-hop headers removed (from its trailers
-    /// too), forwarded headers set, `TE: trailers`, the upstream's URI, HTTP/1.1.
-    fn upstream_request(&self, mut request: Request<RequestBody>) -> Request<UpstreamRequestBody> {
+    /// too), forwarded headers set, `TE: trailers`, the upstream's URI, HTTP/1.1; and the
+    /// claim it runs under, if any.
+    fn upstream_request(
+        &self,
+        mut request: Request<RequestBody>,
+    ) -> (Request<UpstreamRequestBody>, Option<Claimed>) {
         let shared = &self.shared;
         // Hop-by-hop headers go first: the forwarded headers the gateway sets are its own, and
         // a client naming them in `Connection` only drops the values it sent.
         let announced = strip_request_hop_by_hop(request.headers_mut());
         forwarded_headers(&mut request);
         shared.upstream.fence.apply(&mut request);
+        // A claimed request's delivery is noted, so a lost answer can be told from a request
+        // that never reached the upstream.
+        let claimed = request
+            .extensions_mut()
+            .remove::<IdempotencyContext>()
+            .map(Claimed::new);
         // The gateway takes trailers, whoever its client is: it passes them on (to an HTTP/2
         // client, or an HTTP/1.1 one that sent `TE: trailers` itself) and stores them with
         // the response, so a replay ends with them. An HTTP/1.1 upstream sends trailers only
@@ -786,7 +896,10 @@ impl Proxy {
             *request.uri_mut() = Uri::from(path);
         }
         *request.version_mut() = http::Version::HTTP_11;
-        request.map(|body| SettledTrailers::announced(body, announced))
+        let note = claimed.as_ref().map(|claimed| claimed.note.clone());
+        let request =
+            request.map(|body| Delivered::new(SettledTrailers::announced(body, announced), note));
+        (request, claimed)
     }
 
     /// The [`ProxyError`] of a connection that could not be made.

@@ -66,7 +66,7 @@ fn response_json(response: &idem_http::codec::StoredResponse) -> Value {
 }
 
 /// A record as JSON: its state, owner, fence, times and, for a stored HTTP response, its
-/// status and the response itself ([`response_json`]).
+/// status and the response itself (as `response_json` shapes it).
 #[must_use]
 pub fn record_json(record: &Record) -> Value {
     let response = record

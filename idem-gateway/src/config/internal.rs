@@ -12,7 +12,7 @@ use idem::StoreSpec;
 use super::GatewayConfigError;
 use super::lint::ConfigWarning;
 use super::tls::UpstreamTls;
-use super::toml::{KeyMode, LogFormat, OnStoreError};
+use super::toml::{KeyMode, LogFormat, OnStoreError, OnUnknown};
 use super::value::{RoutePath, ScopeSpec, UpstreamUrl};
 use crate::fence::FenceHeaders;
 
@@ -290,6 +290,26 @@ pub struct RouteSettings {
     pub log_keys: bool,
     /// Whether the request's host is part of its fingerprint.
     pub fingerprint_host: bool,
+    /// What a key whose outcome is unknown gets.
+    pub on_unknown: OnUnknown,
+    /// How long `hold` holds an unknown key; `None`: until resolved (or retention).
+    pub unknown_hold: Option<Duration>,
+    /// How long after a lost exchange `release` frees its key; `None`: the lease.
+    pub release_grace: Option<Duration>,
+    /// The reconcile request's path template (`{key}` once), if any.
+    pub reconcile: Option<String>,
+}
+
+impl RouteSettings {
+    /// How long a key whose outcome is unknown is held before it is freed (`None`: until it
+    /// is resolved), as the policy says.
+    #[must_use]
+    pub fn unknown_hold(&self) -> Option<Duration> {
+        match self.on_unknown {
+            OnUnknown::Hold => self.unknown_hold,
+            OnUnknown::Release => Some(self.release_grace.unwrap_or(self.lease)),
+        }
+    }
 }
 
 /// Where the configuration came from, to turn byte offsets into `file:line:column`.
@@ -365,6 +385,10 @@ impl Default for RouteSettings {
             deny_headers: Vec::new(),
             log_keys: true,
             fingerprint_host: true,
+            on_unknown: OnUnknown::Hold,
+            unknown_hold: None,
+            release_grace: None,
+            reconcile: None,
         }
     }
 }

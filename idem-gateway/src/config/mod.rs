@@ -47,7 +47,7 @@ pub use internal::{
 };
 pub use lint::ConfigWarning;
 pub use tls::UpstreamTls;
-pub use toml::{KeyMode, LogFormat, OnStoreError};
+pub use toml::{KeyMode, LogFormat, OnStoreError, OnUnknown};
 pub(crate) use value::HumanDuration;
 pub use value::{PathPattern, RoutePath, ScopeSpec, UpstreamUrl};
 
@@ -154,5 +154,47 @@ mod tests {
         assert_eq!(route_for("/payments/7"), Some("/payments"));
         assert_eq!(route_for("//x/../%70ayments/"), Some("/payments"));
         assert_eq!(route_for("/other"), Some("default"));
+    }
+
+    #[test]
+    fn unknown_outcomes_are_held_by_default_and_released_after_a_grace_on_request() {
+        let text = "[upstream]\nurl = \"http://127.0.0.1:3000\"\n[idempotency]\nlease = \"20s\"\n\
+            [[route]]\npath = \"/a\"\non_unknown = \"release\"\n\
+            [[route]]\npath = \"/b\"\non_unknown = \"release\"\nrelease_grace = \"5s\"\n\
+            [[route]]\npath = \"/c\"\nunknown_hold = \"10m\"\nreconcile = \"/by-key/{key}?v=1\"\n";
+        let config = from_str("idem.toml", text, &Overrides::default()).unwrap();
+        let hold = |name: &str| {
+            let route = config.routes.iter().find(|r| r.name == name).unwrap();
+            route.settings.unknown_hold()
+        };
+        let second = std::time::Duration::from_secs;
+        assert_eq!(hold("default"), None, "held until resolved");
+        assert_eq!(hold("/a"), Some(second(20)), "the lease");
+        assert_eq!(hold("/b"), Some(second(5)));
+        assert_eq!(hold("/c"), Some(second(600)));
+        let c = config.routes.iter().find(|r| r.name == "/c").unwrap();
+        assert_eq!(c.settings.reconcile.as_deref(), Some("/by-key/{key}?v=1"));
+    }
+
+    #[test]
+    fn a_reconcile_template_is_a_path_that_names_the_key_once() {
+        for (template, why) in [
+            ("by-key/{key}", "starts with /"),
+            ("/by-key", "exactly once"),
+            ("/{key}/{key}", "exactly once"),
+            ("/by key/{key}", "not a valid path"),
+            ("/{id}/{key}", "not a valid path"),
+        ] {
+            let text = format!(
+                "[upstream]\nurl = \"http://127.0.0.1:3000\"\n[[route]]\npath = \"/a\"\nreconcile = {template:?}\n"
+            );
+            let err = from_str("idem.toml", &text, &Overrides::default()).unwrap_err();
+            let message = err.to_string();
+            assert!(message.contains(why), "{template}: {message}");
+            assert!(
+                message.contains("idem.toml:"),
+                "{template}: no position: {message}"
+            );
+        }
     }
 }

@@ -71,6 +71,25 @@ fn settings(
         Some(HumanDuration(d)) => Some(d),
         None => parent.wait,
     };
+    let unknown_hold = match section.unknown_hold {
+        Some(HumanDuration(d)) if d.is_zero() => None,
+        Some(HumanDuration(d)) => Some(d),
+        None => parent.unknown_hold,
+    };
+    // Unset, the grace is the route's lease (whatever lease it gets).
+    let release_grace = match &section.release_grace {
+        Some(grace) => Some(positive(
+            grace.get_ref().0,
+            "release_grace",
+            origin,
+            Some(grace.span().start),
+        )?),
+        None => parent.release_grace,
+    };
+    let reconcile = match &section.reconcile {
+        Some(template) => Some(reconcile_template(template, origin)?),
+        None => parent.reconcile.clone(),
+    };
     let request_body_limit = size(
         section.request_body_limit.as_ref(),
         "request_body_limit",
@@ -129,6 +148,10 @@ fn settings(
         deny_headers,
         log_keys: section.log_keys.unwrap_or(parent.log_keys),
         fingerprint_host: section.fingerprint_host.unwrap_or(parent.fingerprint_host),
+        on_unknown: section.on_unknown.unwrap_or(parent.on_unknown),
+        unknown_hold,
+        release_grace,
+        reconcile,
     })
 }
 
@@ -276,4 +299,30 @@ pub(super) fn route_configs(
         settings: defaults,
     });
     Ok(resolved)
+}
+
+/// A `reconcile` path template: an absolute path with `{key}` exactly once, where the key goes
+/// percent-encoded.
+fn reconcile_template(
+    template: &Spanned<String>,
+    origin: &Origin,
+) -> Result<String, GatewayConfigError> {
+    let text = template.get_ref();
+    let fail = |why: &str| {
+        origin.error_at(
+            Some(template.span().start),
+            format!("reconcile = {text:?}: {why}"),
+        )
+    };
+    if !text.starts_with('/') {
+        return Err(fail("a path on the upstream starts with /"));
+    }
+    if text.matches("{key}").count() != 1 {
+        return Err(fail("the template names {key} exactly once"));
+    }
+    let probe = text.replace("{key}", "k");
+    if http::uri::PathAndQuery::try_from(probe.as_str()).is_err() || probe.contains(['{', '}']) {
+        return Err(fail("not a valid path and query"));
+    }
+    Ok(text.clone())
 }

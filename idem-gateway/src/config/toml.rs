@@ -143,6 +143,21 @@ pub enum KeyMode {
     Required,
 }
 
+/// What the gateway does with a key whose outcome is unknown: the upstream had the request and
+/// its answer was lost (a timeout after the request was sent, a connection that broke before
+/// the head, a body broken off after it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnUnknown {
+    /// Hold the key (for `unknown_hold`, or until it is resolved): a retry is answered 409
+    /// `outcome-unknown`, never run.
+    #[default]
+    Hold,
+    /// Free the key once `release_grace` has passed after the exchange was given up: a retry
+    /// after that runs again.
+    Release,
+}
+
 /// What to do when the store cannot be reached.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -206,4 +221,14 @@ pub(crate) struct RouteSection {
     pub log_keys: Option<bool>,
     /// Whether the request's host is part of its fingerprint.
     pub fingerprint_host: Option<bool>,
+    /// `hold` or `release`: what a key whose outcome is unknown gets.
+    pub on_unknown: Option<OnUnknown>,
+    /// How long `hold` holds an unknown key before it is freed (`0s` or absent: until it is
+    /// resolved, or its retention ends).
+    pub unknown_hold: Option<HumanDuration>,
+    /// How long after a lost exchange `release` frees its key (default: the lease).
+    pub release_grace: Option<Spanned<HumanDuration>>,
+    /// A path template on the upstream (`/payments/by-key/{key}`) the gateway asks with `GET`
+    /// to learn an unknown outcome: 2xx settles the key with that answer, 404 frees it.
+    pub reconcile: Option<Spanned<String>>,
 }

@@ -1,0 +1,290 @@
+//! Unknown outcomes end to end: an upstream that applies an effect and then loses its answer
+//! (it stalls past `timeout`, resets the connection before its head, or breaks its body off)
+//! behind a gateway in this process. Clients retry every 100 ms; the effect count says
+//! whether a retry ran again. Each effect is counted by the key the upstream received, so the
+//! tests also show that the key goes downstream.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::raw_http::read_message;
+use common::{Gateway, Http, config};
+use http::Method;
+use idem_core::{IdempotencyKey, RecordKey, State, Store};
+use tokio::io::{AsyncWriteExt, BufReader};
+
+/// An upstream whose `POST` applies an effect (counted per `Idempotency-Key` it received) and
+/// then, by path: `/stall` answers only after 3 s; `/reset` resets the connection before any
+/// head; `/break` sends a head and half its body, then closes; `/nothing` closes at once
+/// without applying anything; `/ok` answers 201. `GET /by-key/{key}` reconciles: 503 while
+/// `reconcile_down`, else 200 `{"done":true}` if the key's effect was applied, 404 if not.
+#[derive(Clone)]
+struct EffectUpstream {
+    addr: SocketAddr,
+    effects: Arc<Mutex<HashMap<String, u64>>>,
+    reconcile_down: Arc<AtomicBool>,
+}
+
+impl EffectUpstream {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let upstream = EffectUpstream {
+            addr: listener.local_addr().unwrap(),
+            effects: Arc::default(),
+            reconcile_down: Arc::default(),
+        };
+        let state = upstream.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(state.clone().serve(stream));
+            }
+        });
+        upstream
+    }
+
+    fn effects(&self, key: &str) -> u64 {
+        self.effects.lock().unwrap().get(key).copied().unwrap_or(0)
+    }
+
+    async fn serve(self, stream: tokio::net::TcpStream) {
+        let (read, mut write) = stream.into_split();
+        let mut reader = BufReader::new(read);
+        while let Some(request) = read_message(&mut reader).await {
+            let start = request.start().to_owned();
+            let path = start.split(' ').nth(1).unwrap_or("").to_owned();
+            let key = request.header("idempotency-key").unwrap_or("").to_owned();
+            if let Some(asked) = path.strip_prefix("/by-key/") {
+                let answer = if self.reconcile_down.load(Ordering::SeqCst) {
+                    "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n".to_owned()
+                } else if self.effects(asked) > 0 && asked == key {
+                    let body = "{\"done\":true}";
+                    format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    )
+                } else {
+                    "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n".to_owned()
+                };
+                if write.write_all(answer.as_bytes()).await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            if path == "/nothing" {
+                return;
+            }
+            *self.effects.lock().unwrap().entry(key).or_default() += 1;
+            match path.as_str() {
+                "/stall" => {
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                    let _ = write
+                        .write_all(b"HTTP/1.1 201 Created\r\ncontent-length: 4\r\n\r\nlate")
+                        .await;
+                    return;
+                }
+                "/reset" => {
+                    // SO_LINGER 0: the close is a reset, not a FIN.
+                    let stream = reader.into_inner().reunite(write).unwrap();
+                    let socket = socket2::SockRef::from(&stream);
+                    socket.set_linger(Some(Duration::ZERO)).unwrap();
+                    return;
+                }
+                "/break" => {
+                    let _ = write
+                        .write_all(b"HTTP/1.1 201 Created\r\ncontent-length: 100\r\n\r\nhalf")
+                        .await;
+                    return;
+                }
+                _ => {
+                    let answer = b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok";
+                    if write.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A gateway in front of `upstream` with a 300 ms `timeout` and `route` as its one route's
+/// extra lines.
+async fn gateway(upstream: &EffectUpstream, route: &str) -> Gateway {
+    let extra = format!("[[route]]\npath = \"/\"\n{route}\n");
+    let mut config = config(upstream.addr, &extra);
+    config.upstream.as_mut().unwrap().timeout = Duration::from_millis(300);
+    Gateway::start(&config).await
+}
+
+fn record_key(key: &str) -> RecordKey {
+    RecordKey::unscoped(IdempotencyKey::new(key).unwrap())
+}
+
+/// Retries `path` under `key` every 100 ms for `over`, asserting each answer is a 409
+/// `outcome-unknown` with a `Retry-After`.
+async fn retries_are_told_unknown(gateway: &Gateway, path: &str, key: &str, over: Duration) {
+    let http = Http::new();
+    let until = tokio::time::Instant::now() + over;
+    while tokio::time::Instant::now() < until {
+        let retry = http.post_key(&gateway.url(path), key, "pay 10").await;
+        assert_eq!(retry.status, 409, "{path}: {}", retry.text());
+        assert!(retry.text().contains("outcome-unknown"), "{}", retry.text());
+        assert!(
+            retry.header("retry-after").is_some(),
+            "{path}: no Retry-After"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// An upstream that applied the effect and then stalled, reset the connection or broke its
+/// body: in `hold` (the default), retries every 100 ms for 10 s are answered `outcome-unknown`
+/// and the effect stays at 1; the record says unknown, with the request sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_answer_holds_the_key_and_retries_never_run_again() {
+    let upstream = EffectUpstream::start().await;
+    let gateway = gateway(&upstream, "").await;
+    let http = Http::new();
+    let cases = [
+        ("/stall", "k-stall"),
+        ("/reset", "k-reset"),
+        ("/break", "k-break"),
+    ];
+    for (path, key) in cases {
+        let first = http
+            .try_send(
+                Method::POST,
+                &gateway.url(path),
+                &[("idempotency-key", key)],
+                "pay 10",
+            )
+            .await;
+        match path {
+            "/stall" => assert_eq!(first.unwrap().status, 504),
+            "/reset" => assert_eq!(first.unwrap().status, 502),
+            _ => assert!(first.is_err(), "{path}: the body was not cut short"),
+        }
+        assert_eq!(upstream.effects(key), 1, "{path}");
+    }
+    let retries = cases
+        .map(|(path, key)| retries_are_told_unknown(&gateway, path, key, Duration::from_secs(10)));
+    futures_join(retries).await;
+    for (path, key) in cases {
+        assert_eq!(upstream.effects(key), 1, "{path}: the effect ran again");
+        let record = gateway.store.get(&record_key(key)).await.unwrap().unwrap();
+        assert_eq!(record.state, State::Unknown, "{path}");
+        assert!(record.unknown.unwrap().request_sent, "{path}");
+    }
+}
+
+async fn futures_join<F: std::future::Future<Output = ()>>(futures: [F; 3]) {
+    let [a, b, c] = futures;
+    tokio::join!(a, b, c);
+}
+
+/// A request that never reached the upstream whole (refused connection) or that the
+/// upstream closed on without answering is still released: nothing ran, a retry runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_releases_the_key() {
+    let closed = common::free_addr();
+    let mut config = config(closed, "");
+    config.upstream.as_mut().unwrap().timeout = Duration::from_millis(300);
+    let gateway = Gateway::start(&config).await;
+    let http = Http::new();
+    for _ in 0..2 {
+        let reply = http
+            .post_key(&gateway.url("/ok"), "refused", "pay 10")
+            .await;
+        assert_eq!(reply.status, 502, "{}", reply.text());
+    }
+    assert!(
+        gateway
+            .store
+            .get(&record_key("refused"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+/// `on_unknown = "release"` frees the key after `release_grace`, never before: retries in the
+/// grace are told `outcome-unknown`, a retry after it runs again (a release after a hold).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_frees_the_key_only_after_its_grace() {
+    let upstream = EffectUpstream::start().await;
+    let gateway = gateway(
+        &upstream,
+        "on_unknown = \"release\"\nrelease_grace = \"2s\"",
+    )
+    .await;
+    let http = Http::new();
+    let first = http
+        .post_key(&gateway.url("/reset"), "k-grace", "pay 10")
+        .await;
+    assert_eq!(first.status, 502);
+    retries_are_told_unknown(&gateway, "/reset", "k-grace", Duration::from_millis(1200)).await;
+    assert_eq!(upstream.effects("k-grace"), 1);
+    let rerun = common::eventually(Duration::from_secs(10), || async {
+        let retry = http
+            .post_key(&gateway.url("/reset"), "k-grace", "pay 10")
+            .await;
+        retry.status == 502 && upstream.effects("k-grace") == 2
+    })
+    .await;
+    assert!(rerun, "the key was never freed after its grace");
+}
+
+/// `reconcile` asks the upstream: while it cannot say (503), the key stays unknown; once it
+/// answers 200, the key is settled with that answer and every retry gets it replayed, the
+/// effect still once. A 404 (the effect did not happen) frees the key: the retry runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_settles_a_done_effect_and_frees_one_that_did_not_happen() {
+    let upstream = EffectUpstream::start().await;
+    upstream.reconcile_down.store(true, Ordering::SeqCst);
+    let gateway = gateway(&upstream, "reconcile = \"/by-key/{key}\"").await;
+    let http = Http::new();
+    let first = http
+        .post_key(&gateway.url("/stall"), "k-rec", "pay 10")
+        .await;
+    assert_eq!(first.status, 504);
+    retries_are_told_unknown(&gateway, "/stall", "k-rec", Duration::from_millis(1500)).await;
+    upstream.reconcile_down.store(false, Ordering::SeqCst);
+    let replayed = common::eventually(Duration::from_secs(20), || async {
+        let retry = http
+            .post_key(&gateway.url("/stall"), "k-rec", "pay 10")
+            .await;
+        assert!(
+            retry.status == 409 || retry.status == 200,
+            "{}",
+            retry.status
+        );
+        retry.replayed() && retry.text() == "{\"done\":true}"
+    })
+    .await;
+    assert!(replayed, "the reconciled answer was never replayed");
+    assert_eq!(upstream.effects("k-rec"), 1);
+
+    // The upstream closes without doing anything: its reconcile says 404, the key is freed.
+    let first = http
+        .post_key(&gateway.url("/nothing"), "k-none", "pay 10")
+        .await;
+    assert_eq!(first.status, 502);
+    let record = gateway.store.get(&record_key("k-none")).await.unwrap();
+    assert_eq!(record.map(|r| r.state), Some(State::Unknown));
+    let freed = common::eventually(Duration::from_secs(20), || async {
+        gateway
+            .store
+            .get(&record_key("k-none"))
+            .await
+            .unwrap()
+            .is_none()
+    })
+    .await;
+    assert!(freed, "a 404 from reconcile did not free the key");
+}
