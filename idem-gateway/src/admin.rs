@@ -60,6 +60,8 @@ pub(crate) struct Admin {
     sessions: Arc<Sessions>,
     throttle: Arc<Throttle>,
     draining: Arc<AtomicBool>,
+    /// How long an operator's completed resolution is kept.
+    retention: std::time::Duration,
 }
 
 impl std::fmt::Debug for Admin {
@@ -214,7 +216,16 @@ impl Admin {
             sessions: Arc::new(Sessions::new()),
             throttle: Arc::new(Throttle::new()),
             draining: Arc::new(AtomicBool::new(false)),
+            retention: crate::config::internal::defaults::RETENTION,
         }
+    }
+
+    /// The same admin, keeping an operator's completed resolution for `retention` (the
+    /// gateway passes its routes' longest).
+    #[must_use]
+    pub(crate) fn with_retention(mut self, retention: std::time::Duration) -> Self {
+        self.retention = retention;
+        self
     }
 
     /// The same admin, its in-flight gauges reporting the claims of `index` (the index the

@@ -167,6 +167,34 @@ pub(crate) enum KeysCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Resolve an unknown outcome: --release (the effect did not happen: the next request
+    /// with the key runs it) or --status (it happened: every retry gets this response). Only
+    /// a record still unknown is changed (at --fence, when given): anything else is exit 1.
+    Resolve {
+        /// The idempotency key.
+        key: String,
+        /// The record's scope (empty: no scope).
+        #[arg(long, default_value = "")]
+        scope: String,
+        /// The effect did not happen: free the key.
+        #[arg(long, conflicts_with_all = ["status", "header", "body"], required_unless_present = "status")]
+        release: bool,
+        /// The effect happened: settle the key with a response of this status.
+        #[arg(long)]
+        status: Option<u16>,
+        /// A header of that response, `Name: value` (repeatable).
+        #[arg(long, value_name = "NAME: VALUE", requires = "status")]
+        header: Vec<String>,
+        /// Its body: text, or `@FILE` to read it from a file (UTF-8).
+        #[arg(long, requires = "status")]
+        body: Option<String>,
+        /// Resolve only at this fence (`keys get` shows it); default: the record's.
+        #[arg(long)]
+        fence: Option<u64>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
     /// Remove one record: the next request with the key runs again. No record at the key is
     /// no error (exit 0): the key is free either way.
     Delete {

@@ -22,6 +22,7 @@ use crate::proxy::Tracker;
 use crate::records::{
     ArgNames, page_json, record_json, record_key, record_line, record_text, scan_query,
 };
+use crate::resolve::ResolveRequest;
 use crate::server::{Drained, Worker, run_on, serve_workers};
 
 /// Why a command failed, and the exit code that says so.
@@ -259,8 +260,14 @@ async fn serve_gateway(
     let (admin_stop, admin_stopped) = tokio::sync::watch::channel(false);
     let (admin, draining) = match admin_listener {
         Some((settings, admin_listener, addr)) => {
+            let retention = config
+                .routes
+                .iter()
+                .map(|route| route.settings.retention)
+                .max();
             let admin = Admin::new(store.clone(), settings.token.clone(), metrics)
-                .with_in_flight(in_flight);
+                .with_in_flight(in_flight)
+                .with_retention(retention.unwrap_or(crate::config::internal::defaults::RETENTION));
             let draining = admin.clone();
             let mut admin_stopped = admin_stopped;
             tokio::spawn(admin.serve(admin_listener, async move {
@@ -425,6 +432,26 @@ impl KeySource {
         }
     }
 
+    async fn resolve(
+        &self,
+        config: &Config,
+        key: &RecordKey,
+        request: ResolveRequest,
+    ) -> Result<Value, Failure> {
+        match self {
+            KeySource::Store(store) => {
+                let (resolution, fence) = request.parse().map_err(usage)?;
+                let retention = config.routes.iter().map(|r| r.settings.retention).max();
+                let retention = retention.unwrap_or(crate::config::internal::defaults::RETENTION);
+                let fence = crate::resolve::resolve(&**store, key, fence, &resolution, retention)
+                    .await
+                    .map_err(|err| Failure::runtime(err.to_string()))?;
+                Ok(crate::resolve::resolved_json(key, fence, &resolution))
+            }
+            KeySource::Admin(client) => client.resolve(key, &request).await,
+        }
+    }
+
     async fn scan(&self, query: &ScanQuery) -> Result<(Vec<Value>, Option<String>), Failure> {
         match self {
             KeySource::Store(store) => {
@@ -453,6 +480,31 @@ async fn keys(config: &Config, admin: Option<&str>, command: KeysCommand) -> Res
                     }
                     return Err(Failure::runtime(format!("no record at {key}")));
                 }
+            }
+            Ok(())
+        }
+        KeysCommand::Resolve {
+            key,
+            scope,
+            release,
+            status,
+            header,
+            body,
+            fence,
+            json,
+        } => {
+            let key = record_key(&key, &scope, ArgNames::FLAGS)?;
+            let request = resolve_request(release, status, &header, body.as_deref(), fence)?;
+            let source = KeySource::open(config, admin).await?;
+            let resolved = source.resolve(config, &key, request).await?;
+            if json {
+                say(&resolved.to_string());
+            } else {
+                say(&format!(
+                    "{} {key} at fence {}",
+                    resolved["resolved"].as_str().unwrap_or("resolved"),
+                    resolved["fence"],
+                ));
             }
             Ok(())
         }
@@ -507,6 +559,54 @@ async fn keys(config: &Config, admin: Option<&str>, command: KeysCommand) -> Res
             Ok(())
         }
     }
+}
+
+/// A command line that is wrong: exit 2.
+fn usage(message: impl Into<String>) -> Failure {
+    Failure::Config(GatewayConfigError::new(None, message.into()))
+}
+
+/// The resolution `idem keys resolve` asks for, from its flags: `--body @FILE` is read here.
+///
+/// # Errors
+/// [`Failure::Config`] (exit 2) for a header without `: `, a body file that cannot be read or
+/// is not UTF-8, or a status or header the key API would refuse.
+fn resolve_request(
+    release: bool,
+    status: Option<u16>,
+    headers: &[String],
+    body: Option<&str>,
+    fence: Option<u64>,
+) -> Result<ResolveRequest, Failure> {
+    let headers = headers
+        .iter()
+        .map(|line| {
+            line.split_once(':')
+                .map(|(name, value)| (name.trim().to_owned(), value.trim().to_owned()))
+                .ok_or_else(|| usage(format!("--header {line:?}: NAME: VALUE")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let body = match body {
+        Some(path) if path.starts_with('@') => {
+            let path = &path[1..];
+            let bytes =
+                std::fs::read(path).map_err(|err| usage(format!("--body @{path}: {err}")))?;
+            String::from_utf8(bytes)
+                .map_err(|_| usage(format!("--body @{path}: not UTF-8 text")))?
+        }
+        Some(text) => text.to_owned(),
+        None => String::new(),
+    };
+    let request = ResolveRequest {
+        resolve: if release { "release" } else { "completed" }.to_owned(),
+        fence,
+        status,
+        headers,
+        body,
+    };
+    // Checked here too, so a bad flag is exit 2 before anything is asked.
+    request.clone().parse().map_err(usage)?;
+    Ok(request)
 }
 
 /// `idem store migrate|sweep`.

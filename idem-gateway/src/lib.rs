@@ -62,6 +62,7 @@ mod proxy;
 mod reconcile;
 mod records;
 mod request_head;
+mod resolve;
 mod server;
 mod store;
 mod telemetry;

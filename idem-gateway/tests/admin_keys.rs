@@ -1118,3 +1118,186 @@ async fn the_key_api_refuses_limit_0_answers_head_and_bounds_a_bad_cursor() {
         "{message}"
     );
 }
+
+/// Claims `key` and settles it unknown in `store`, as a gateway whose upstream lost its answer
+/// does; returns the fence.
+async fn an_unknown_record(store: &dyn Store, key: &str) -> u64 {
+    let claimed = store
+        .claim(&ClaimRequest::new(
+            record_key(key),
+            Fingerprint::of(&[b"t"]),
+            Duration::from_secs(60),
+        ))
+        .await
+        .unwrap();
+    let idem_core::ClaimOutcome::Acquired { lease, .. } = claimed else {
+        panic!("not acquired: {claimed:?}");
+    };
+    let lost = idem_core::UnknownOutcome::new("the upstream did not answer within 8s");
+    store
+        .settle_unknown(&lease, lost, None, Duration::from_secs(600))
+        .await
+        .unwrap();
+    lease.fence.get()
+}
+
+/// An unknown outcome is resolved through the key API (`POST /api/keys/KEY`) and `idem keys
+/// resolve`: a release frees the key, a completed resolution stores the response given (body
+/// from a file), a resolution of a record that is not unknown, or at another fence, is 409 /
+/// exit 1 and changes nothing, and bad flags are exit 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_outcomes_are_resolved_by_the_key_api_and_keys_resolve() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config_with(fixture.addr, "", &with_token())).await;
+    let admin = gateway.admin.clone().unwrap();
+    let http = Http::new();
+    let bearer = format!("Bearer {TOKEN}");
+    let auth = [("authorization", bearer.as_str())];
+
+    let fence = an_unknown_record(&*gateway.store, "api-release").await;
+    let stale = format!("{{\"resolve\":\"release\",\"fence\":{}}}", fence + 1);
+    let url = format!("{admin}/api/keys/api-release");
+    let refused = http.send(Method::POST, &url, &auth, stale).await;
+    assert_eq!(refused.status, 409, "{}", refused.text());
+    let released = http
+        .send(Method::POST, &url, &auth, "{\"resolve\":\"release\"}")
+        .await;
+    assert_eq!(released.status, 200, "{}", released.text());
+    assert!(
+        released.text().contains("\"resolved\":\"released\""),
+        "{}",
+        released.text()
+    );
+    assert!(
+        gateway
+            .store
+            .get(&record_key("api-release"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let missing = http
+        .send(Method::POST, &url, &auth, "{\"resolve\":\"release\"}")
+        .await;
+    assert_eq!(missing.status, 404);
+    let bad = http
+        .send(Method::POST, &url, &auth, "{\"resolve\":1}")
+        .await;
+    assert_eq!(bad.status, 400, "{}", bad.text());
+
+    an_unknown_record(&*gateway.store, "cli-done").await;
+    let body = tempfile_with("{\"paid\":true}");
+    let (code, out, err) = idem_keys(
+        &admin,
+        Some(TOKEN),
+        &[
+            "resolve",
+            "cli-done",
+            "--status",
+            "201",
+            "--header",
+            "content-type: application/json",
+            "--body",
+            &format!("@{}", body.display()),
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("completed cli-done at fence "), "{out}");
+    let record = gateway
+        .store
+        .get(&record_key("cli-done"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.state, idem_core::State::Completed);
+    let stored = idem_http::codec::decode(record.result.as_ref().unwrap()).unwrap();
+    assert_eq!(stored.status.as_u16(), 201);
+    assert_eq!(stored.body.as_deref(), Some(&b"{\"paid\":true}"[..]));
+    // Completed now: another resolution is refused, exit 1.
+    let (code, _, err) =
+        idem_keys(&admin, Some(TOKEN), &["resolve", "cli-done", "--release"]).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("not unknown"), "{err}");
+    // Flags the resolution cannot take: exit 2, nothing asked.
+    for args in [
+        &["resolve", "cli-done"][..],
+        &["resolve", "cli-done", "--release", "--status", "200"],
+        &["resolve", "cli-done", "--status", "99"],
+        &[
+            "resolve", "cli-done", "--status", "200", "--header", "no colon",
+        ],
+    ] {
+        let (code, _, err) = idem_keys(&admin, Some(TOKEN), args).await;
+        assert_eq!(code, 2, "{args:?}: {err}");
+    }
+    let _ = std::fs::remove_file(body);
+}
+
+/// A file holding `text`, in the temporary folder.
+fn tempfile_with(text: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("idem-resolve-{}.json", std::process::id()));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `/ui` lists the unknown outcomes with Release and Completed buttons, which take the form
+/// only with the session's CSRF token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_resolves_unknown_outcomes_with_its_csrf_token() {
+    let fixture = Fixture::start();
+    let gateway = Gateway::start(&config_with(fixture.addr, "", &with_token())).await;
+    let admin = gateway.admin.clone().unwrap();
+    let http = Http::new();
+    let fence = an_unknown_record(&*gateway.store, "<ui-unknown>").await;
+    let login = log_in(&http, &admin, TOKEN).await;
+    let cookie = login
+        .header("set-cookie")
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let page = http
+        .send(
+            Method::GET,
+            &format!("{admin}/ui"),
+            &[("cookie", &cookie)],
+            "",
+        )
+        .await;
+    let html = page.text();
+    assert!(html.contains("id=\"unknown\""), "{html}");
+    assert!(html.contains("&lt;ui-unknown&gt;") && !html.contains("<ui-unknown>"));
+    assert!(html.contains("did not answer within 8s"), "{html}");
+    let csrf = html
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_owned();
+    let form = |csrf: &str| {
+        format!(
+            "key={}&scope=&fence={fence}&resolve=completed&status=200&body=done&csrf={csrf}",
+            common::encode("<ui-unknown>")
+        )
+    };
+    let headers = [
+        ("content-type", "application/x-www-form-urlencoded"),
+        ("cookie", cookie.as_str()),
+    ];
+    let url = format!("{admin}/ui/resolve");
+    let forged = http
+        .send(Method::POST, &url, &headers, form("forged"))
+        .await;
+    assert_eq!(forged.status, 403);
+    let done = http.send(Method::POST, &url, &headers, form(&csrf)).await;
+    assert_eq!(done.status, 303, "{}", done.text());
+    let record = gateway
+        .store
+        .get(&record_key("<ui-unknown>"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.state, idem_core::State::Completed);
+}

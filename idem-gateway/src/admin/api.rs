@@ -6,6 +6,7 @@
 //! | `GET /api/keys/KEY?scope=S` | the record, or 404 `{"error": ...}` |
 //! | `HEAD` of either | the `GET`'s status and headers, without the body |
 //! | `DELETE /api/keys/KEY?scope=S` | `{"deleted": true or false}` |
+//! | `POST /api/keys/KEY?scope=S`, JSON `{"resolve": "release"}` or `{"resolve": "completed", "status": 201, "headers": [["content-type", "application/json"]], "body": "..."}`, optional `"fence"` | resolves an unknown outcome: `{"key", "scope", "fence", "resolved"}`; 404 without a record, 409 for a record that is not unknown (at that fence) |
 //!
 //! `KEY` is percent-encoded; a record is the JSON of [`crate::records::record_json`]. A page
 //! lists the records the store could not read (corrupt ones) apart, in `unreadable`, as
@@ -17,7 +18,7 @@
 //! path's key, and shows at most the first 64 characters of a bad cursor.
 
 use axum::Router;
-use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -30,6 +31,7 @@ use serde_json::{Value, json};
 use super::{Admin, only};
 use crate::config::GatewayConfigError;
 use crate::records::{ArgNames, record_json, record_key, scan_query, unreadable_json};
+use crate::resolve::{ResolveRequest, resolved_json};
 
 /// The path prefix of the key API.
 pub(crate) const PREFIX: &str = "/api/keys";
@@ -88,9 +90,11 @@ pub(super) fn routes() -> Router<Admin> {
             error(StatusCode::METHOD_NOT_ALLOWED, "GET lists the records")
         })
     };
-    let key_route = only(get(one).delete(one), "GET, HEAD, DELETE", || {
-        error(StatusCode::METHOD_NOT_ALLOWED, "GET or DELETE")
-    });
+    let key_route = only(
+        get(one).delete(one).post(resolve),
+        "GET, HEAD, DELETE, POST",
+        || error(StatusCode::METHOD_NOT_ALLOWED, "GET, DELETE or POST"),
+    );
     Router::new()
         .route(PREFIX, list_route())
         .route(&format!("{PREFIX}/"), list_route())
@@ -131,6 +135,26 @@ async fn one(
             json_response(StatusCode::OK, &json!({ "deleted": deleted }))
         }
         Err(err) => error(StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}")),
+    })
+}
+
+/// `POST /api/keys/KEY?scope=S` with a [`ResolveRequest`]: resolves an unknown outcome.
+async fn resolve(
+    State(admin): State<Admin>,
+    key: Result<Path<String>, PathRejection>,
+    query: Result<Query<Params>, QueryRejection>,
+    body: Result<bytes::Bytes, BytesRejection>,
+) -> Result<Response, BadRequest> {
+    let key = key_of(key, query)?;
+    let body = body.map_err(|err| BadRequest(format!("body: {}", err.body_text())))?;
+    let request: ResolveRequest = serde_json::from_slice(&body)
+        .map_err(|err| BadRequest(format!("body: not a resolution: {err}")))?;
+    let (resolution, fence) = request.parse().map_err(BadRequest)?;
+    let resolved =
+        crate::resolve::resolve(&*admin.store, &key, fence, &resolution, admin.retention).await;
+    Ok(match resolved {
+        Ok(fence) => json_response(StatusCode::OK, &resolved_json(&key, fence, &resolution)),
+        Err(err) => error(err.status(), err),
     })
 }
 

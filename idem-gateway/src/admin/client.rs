@@ -86,6 +86,16 @@ impl AdminClient {
 
     /// Sends one request; returns the status and the JSON body.
     async fn call(&self, method: Method, path_and_query: &str) -> Result<Value, Failure> {
+        self.call_with(method, path_and_query, Bytes::new()).await
+    }
+
+    /// [`AdminClient::call`] with a JSON body (empty: none).
+    async fn call_with(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        body: Bytes,
+    ) -> Result<Value, Failure> {
         let url = format!("{}{path_and_query}", self.base);
         let mut request = Request::builder().method(method).uri(&url);
         if let Some(token) = &self.token {
@@ -93,8 +103,11 @@ impl AdminClient {
                 .map_err(|_| Failure::runtime("the admin token is not a valid header value"))?;
             request = request.header(header::AUTHORIZATION, value);
         }
+        if !body.is_empty() {
+            request = request.header(header::CONTENT_TYPE, "application/json");
+        }
         let request = request
-            .body(Full::new(Bytes::new()))
+            .body(Full::new(body))
             .map_err(|err| Failure::runtime(format!("admin {url}: {err}")))?;
         let exchange = async {
             let response = self.client.request(request).await?;
@@ -156,6 +169,28 @@ impl AdminClient {
     pub(crate) async fn delete(&self, key: &RecordKey) -> Result<bool, Failure> {
         let value = self.call(Method::DELETE, &Self::key_path(key)).await?;
         Ok(value["deleted"].as_bool().unwrap_or(false))
+    }
+
+    /// Resolves the unknown outcome at `key` ([`crate::resolve`]); the answer's JSON.
+    ///
+    /// # Errors
+    /// [`Failure::Runtime`]: unreachable, refused, no record (404), a record that is not
+    /// unknown (409), or a store error on the gateway.
+    pub(crate) async fn resolve(
+        &self,
+        key: &RecordKey,
+        request: &crate::resolve::ResolveRequest,
+    ) -> Result<Value, Failure> {
+        let body = serde_json::to_vec(request)
+            .map_err(|err| Failure::runtime(format!("a resolution as JSON: {err}")))?;
+        let value = self
+            .call_with(Method::POST, &Self::key_path(key), Bytes::from(body))
+            .await?;
+        if value.get("resolved").is_none() {
+            let error = value["error"].as_str().unwrap_or("no error message");
+            return Err(Failure::runtime(format!("admin: {error}")));
+        }
+        Ok(value)
     }
 
     /// One page of records as JSON, followed by the records the store could not read (the

@@ -116,6 +116,7 @@ pub(super) fn routes() -> Router<Admin> {
         )
         .route("/ui/logout", form_only(post(logout)))
         .route("/ui/delete", form_only(post(delete)))
+        .route("/ui/resolve", form_only(post(resolve)))
         .route(
             "/ui/{*rest}",
             any(|| async { text(StatusCode::NOT_FOUND, "no such page\n") }),
@@ -238,21 +239,8 @@ async fn delete(
     form: Result<Form<Delete>, FormRejection>,
 ) -> Response {
     let form = form.map(|Form(form)| form).unwrap_or_default();
-    let stale = || {
-        text(
-            StatusCode::FORBIDDEN,
-            "a stale or foreign form: reload /ui\n",
-        )
-    };
-    match &visitor.grant {
-        None => return sign_in(),
-        Some(Grant::Session { csrf }) if !same(form.csrf.as_bytes(), csrf.as_bytes()) => {
-            return stale();
-        }
-        Some(Grant::Session { .. } | Grant::Bearer) => {}
-        // No session, so no CSRF token the form could carry: a form the page of this
-        // listener did not make for this visitor.
-        Some(Grant::Open) => return stale(),
+    if let Err(refused) = form_allowed(&visitor, &form.csrf) {
+        return refused;
     }
     let key = match record_key(&form.key, &form.scope, ArgNames::PARAMS) {
         Ok(key) => key,
@@ -264,6 +252,81 @@ async fn delete(
             redirect("/ui", None)
         }
         Err(err) => text(StatusCode::SERVICE_UNAVAILABLE, format!("store: {err}\n")),
+    }
+}
+
+/// Whether a form may change anything: it carries the CSRF token of the visitor's session (or
+/// the request the bearer header); otherwise the answer that refuses it.
+#[allow(clippy::result_large_err)]
+fn form_allowed(visitor: &Visitor, form_csrf: &str) -> Result<(), Response> {
+    let stale = || {
+        text(
+            StatusCode::FORBIDDEN,
+            "a stale or foreign form: reload /ui\n",
+        )
+    };
+    match &visitor.grant {
+        None => Err(sign_in()),
+        Some(Grant::Session { csrf }) if !same(form_csrf.as_bytes(), csrf.as_bytes()) => {
+            Err(stale())
+        }
+        Some(Grant::Session { .. } | Grant::Bearer) => Ok(()),
+        // No session, so no CSRF token the form could carry: a form the page of this
+        // listener did not make for this visitor.
+        Some(Grant::Open) => Err(stale()),
+    }
+}
+
+/// The fields of a Release or Completed button's form.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Resolve {
+    key: String,
+    scope: String,
+    fence: u64,
+    resolve: String,
+    status: String,
+    body: String,
+    csrf: String,
+}
+
+/// `POST /ui/resolve`: resolves an unknown outcome at the fence the page showed, when the
+/// form carries the visitor's CSRF token.
+async fn resolve(
+    Shared(admin): Shared<Admin>,
+    Extension(visitor): Extension<Visitor>,
+    form: Result<Form<Resolve>, FormRejection>,
+) -> Response {
+    let form = form.map(|Form(form)| form).unwrap_or_default();
+    if let Err(refused) = form_allowed(&visitor, &form.csrf) {
+        return refused;
+    }
+    let key = match record_key(&form.key, &form.scope, ArgNames::PARAMS) {
+        Ok(key) => key,
+        Err(err) => return text(StatusCode::BAD_REQUEST, format!("{err}\n")),
+    };
+    let completed = form.resolve == "completed";
+    let status = match form.status.trim() {
+        "" => None,
+        status => match status.parse::<u16>() {
+            Ok(status) => Some(status),
+            Err(_) => return text(StatusCode::BAD_REQUEST, "status: a number, 200 to 599\n"),
+        },
+    };
+    let request = crate::resolve::ResolveRequest {
+        resolve: form.resolve,
+        fence: Some(form.fence),
+        status: status.filter(|_| completed),
+        headers: Vec::new(),
+        body: if completed { form.body } else { String::new() },
+    };
+    let (resolution, fence) = match request.parse() {
+        Ok(parsed) => parsed,
+        Err(err) => return text(StatusCode::BAD_REQUEST, format!("{err}\n")),
+    };
+    match crate::resolve::resolve(&*admin.store, &key, fence, &resolution, admin.retention).await {
+        Ok(_) => redirect("/ui", None),
+        Err(err) => text(err.status(), format!("{err}\n")),
     }
 }
 
@@ -360,6 +423,7 @@ impl Page<'_> {
                 );
             }
         }
+        self.unknown(&mut body, now).await;
         self.recent(&mut body).await;
         html_response(StatusCode::OK, document("idem admin", &body))
     }
@@ -466,6 +530,65 @@ impl Page<'_> {
                 fence = record.fence.get(),
                 attempt = record.attempt,
                 scope_value = html(record.key.scope.as_str()),
+            );
+        }
+        body.push_str("</table>\n");
+    }
+
+    /// The unknown outcomes, oldest first, each with its buttons: Release (the effect did not
+    /// happen) and Completed with a status and a body (it did).
+    async fn unknown(&self, body: &mut String, now: Timestamp) {
+        body.push_str("<h2>Unknown outcomes</h2>\n");
+        let query = ScanQuery::all().with_state(State::Unknown);
+        let mut records = match within(scan_all(self.store, query, RECENT_SCAN)).await {
+            Ok((found, _)) => found.records,
+            Err(err) => {
+                let _ = writeln!(body, "<p class=\"err\">store: {}</p>", html(&err));
+                return;
+            }
+        };
+        if records.is_empty() {
+            body.push_str(
+                "<p id=\"unknown-summary\">None: every answer that was lost is resolved.</p>\n",
+            );
+            return;
+        }
+        records.sort_by_key(|r| r.created_at);
+        let _ = writeln!(
+            body,
+            "<p id=\"unknown-summary\">{} key(s) whose upstream had the request and lost its answer: a retry is told so and never run until the outcome is resolved here, by <code>idem keys resolve</code> or by the route's reconcile.</p>",
+            records.len()
+        );
+        body.push_str(
+            "<table id=\"unknown\"><tr><th>key</th><th>scope</th><th>age</th><th>fence</th><th>what is known</th><th>held until</th><th></th></tr>\n",
+        );
+        let csrf = html(self.csrf);
+        for record in &records {
+            let key = html(record.key.key.as_str());
+            let known = record
+                .unknown
+                .as_ref()
+                .map_or_else(String::new, |u| html(&u.reason));
+            let held = record
+                .hold_until
+                .map_or_else(|| "resolved".to_owned(), time);
+            let hidden = format!(
+                "<input type=\"hidden\" name=\"key\" value=\"{key}\"><input type=\"hidden\" name=\"scope\" value=\"{}\">\
+<input type=\"hidden\" name=\"fence\" value=\"{}\"><input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">",
+                html(record.key.scope.as_str()),
+                record.fence.get(),
+            );
+            let _ = writeln!(
+                body,
+                "<tr data-key=\"{key}\"><td><code>{key}</code></td><td>{scope}</td><td class=\"n\">{age}</td><td class=\"n\">{fence}</td><td>{known}</td><td>{held}</td>\
+<td><form class=\"inline\" method=\"post\" action=\"/ui/resolve\">{hidden}<input type=\"hidden\" name=\"resolve\" value=\"release\">\
+<button type=\"submit\" class=\"release\">Release</button></form> \
+<form class=\"inline\" method=\"post\" action=\"/ui/resolve\">{hidden}<input type=\"hidden\" name=\"resolve\" value=\"completed\">\
+<input name=\"status\" size=\"3\" value=\"200\" aria-label=\"status\"> <input name=\"body\" size=\"16\" placeholder=\"body\" aria-label=\"body\">\
+<button type=\"submit\" class=\"completed\">Completed</button></form></td></tr>",
+                scope = scope_cell(record),
+                age = age(record.age(now)),
+                fence = record.fence.get(),
             );
         }
         body.push_str("</table>\n");
