@@ -62,6 +62,8 @@ pub(crate) struct Admin {
     draining: Arc<AtomicBool>,
     /// How long an operator's completed resolution is kept.
     retention: std::time::Duration,
+    /// The unknown outcomes the gateway has seen, for their gauges.
+    unknowns: Arc<crate::unknowns::UnknownBook>,
 }
 
 impl std::fmt::Debug for Admin {
@@ -217,7 +219,15 @@ impl Admin {
             throttle: Arc::new(Throttle::new()),
             draining: Arc::new(AtomicBool::new(false)),
             retention: crate::config::internal::defaults::RETENTION,
+            unknowns: Arc::default(),
         }
+    }
+
+    /// The same admin, its unknown-outcome gauges reporting `book` (the serving threads').
+    #[must_use]
+    pub(crate) fn with_unknowns(mut self, book: Arc<crate::unknowns::UnknownBook>) -> Self {
+        self.unknowns = book;
+        self
     }
 
     /// The same admin, keeping an operator's completed resolution for `retention` (the
@@ -456,6 +466,7 @@ async fn metrics(State(admin): State<Admin>) -> Response {
         return text(StatusCode::NOT_FOUND, "no metrics recorder installed\n");
     };
     admin.monitor.refresh_gauges(&*admin.store).await;
+    admin.unknowns.refresh(&*admin.store).await;
     let mut response = text(StatusCode::OK, render());
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -24,6 +24,7 @@ use crate::records::{
 };
 use crate::resolve::ResolveRequest;
 use crate::server::{Drained, Worker, run_on, serve_workers};
+use crate::unknowns::UnknownBook;
 
 /// Why a command failed, and the exit code that says so.
 #[derive(Debug)]
@@ -253,7 +254,11 @@ async fn serve_gateway(
         }
         None => None,
     };
-    let workers = workers(config, &store, own_stores, &in_flight, &tracker, listeners)?;
+    let routes = config.routes.iter().filter(|route| route.settings.enabled);
+    let unknowns = Arc::new(UnknownBook::new(routes.map(|route| route.name.as_str())));
+    let workers = workers(
+        config, &store, own_stores, &in_flight, &tracker, &unknowns, listeners,
+    )?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     // The admin listener outlives the drain (it answers `/readyz` 503 meanwhile): it stops on
     // a channel of its own, once the serving threads are done.
@@ -267,6 +272,7 @@ async fn serve_gateway(
                 .max();
             let admin = Admin::new(store.clone(), settings.token.clone(), metrics)
                 .with_in_flight(in_flight)
+                .with_unknowns(unknowns)
                 .with_retention(retention.unwrap_or(crate::config::internal::defaults::RETENTION));
             let draining = admin.clone();
             let mut admin_stopped = admin_stopped;
@@ -314,6 +320,7 @@ fn workers(
     own_stores: bool,
     in_flight: &Arc<InFlightIndex>,
     tracker: &Tracker,
+    unknowns: &Arc<UnknownBook>,
     listeners: Vec<std::net::TcpListener>,
 ) -> Result<Vec<Worker>, Failure> {
     let mut workers = Vec::with_capacity(listeners.len());
@@ -335,8 +342,9 @@ fn workers(
         } else {
             Ok(store.clone())
         };
-        let gateway = worker_store
-            .and_then(|store| Gateway::new(config, store, tracker.clone()).map_err(Failure::from));
+        let gateway = worker_store.and_then(|store| {
+            Gateway::new(config, store, tracker.clone(), unknowns.clone()).map_err(Failure::from)
+        });
         match gateway {
             Ok(gateway) => workers.push(Worker::new(runtime, listener, gateway)),
             Err(failure) => {

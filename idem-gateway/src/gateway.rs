@@ -28,6 +28,7 @@ use crate::normal_path::{NormalPath, PathError, unambiguous};
 use crate::proxy::{ClientAddr, LostAnswer, Proxy, ProxyError, Tracker};
 use crate::reconcile::Reconciler;
 use crate::request_head::{HeadError, HeadPolicy};
+use crate::unknowns::UnknownBook;
 
 /// The metric names of the gateway, next to the layer's (see `idem_http::metrics`).
 pub(crate) mod metric {
@@ -176,6 +177,8 @@ pub(crate) struct Gateway {
     head: HeadPolicy,
     /// Whether paths servers resolve differently are forwarded.
     allow_ambiguous_paths: bool,
+    /// The unknown outcomes seen, for the gauges.
+    unknowns: Arc<UnknownBook>,
 }
 
 /// Why a request was refused before any route: its index in [`metric::REFUSED_REASONS`].
@@ -208,6 +211,7 @@ impl Gateway {
         config: &Config,
         store: Arc<dyn Store>,
         tracker: Tracker,
+        unknowns: Arc<UnknownBook>,
     ) -> Result<Self, GatewayConfigError> {
         let proxy = Proxy::new(config.require_upstream()?, tracker);
         let mut routes = Vec::with_capacity(config.routes.len());
@@ -233,6 +237,7 @@ impl Gateway {
                         template,
                         &route.settings,
                         layer_config.clone(),
+                        unknowns.clone(),
                     )
                 });
                 let layer = IdempotencyLayer::from_arc(store.clone(), layer_config);
@@ -284,6 +289,7 @@ impl Gateway {
                 underscores: config.server.underscores_in_headers,
             },
             allow_ambiguous_paths: config.server.allow_ambiguous_paths,
+            unknowns,
         })
     }
 
@@ -376,6 +382,8 @@ impl Gateway {
                 counter.increment(1);
             }
             route.unknowns.increment(1);
+            let now = idem_core::Clock::now(&idem_core::SystemClock);
+            self.unknowns.held(&route.name, &lost.key, lost.fence, now);
             tracing::warn!(route = %route.name, %method, path = uri.path(), key = %lost.key, fence = lost.fence.get(), error = %crate::proxy::error_chain(lost.error.as_ref()), "the upstream had the request and its answer was lost: the key is held as unknown");
             if let Some(reconciler) = &route.reconciler {
                 reconciler.start(lost.key.clone(), lost.fence);
@@ -383,10 +391,14 @@ impl Gateway {
             if let Some((hold, store)) = &route.lapse {
                 crate::reconcile::note_lapse(store.clone(), lost.key.clone(), lost.fence, *hold);
             }
-        } else if let (Some(reconciler), Some(Rejection::OutcomeUnknown { key, fence, .. })) =
-            (&route.reconciler, response.extensions().get::<Rejection>())
+        } else if let Some(Rejection::OutcomeUnknown { key, fence, .. }) =
+            response.extensions().get::<Rejection>()
         {
-            reconciler.start(key.clone(), *fence);
+            let now = idem_core::Clock::now(&idem_core::SystemClock);
+            self.unknowns.held(&route.name, key, *fence, now);
+            if let Some(reconciler) = &route.reconciler {
+                reconciler.start(key.clone(), *fence);
+            }
         }
     }
 

@@ -66,6 +66,7 @@ mod resolve;
 mod server;
 mod store;
 mod telemetry;
+mod unknowns;
 
 pub use admin::RenderMetrics;
 pub use commands::{Failure, Running, run_command_line, start, start_with_store};

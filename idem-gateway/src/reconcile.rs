@@ -29,6 +29,7 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 use crate::body::RequestBody;
 use crate::proxy::Proxy;
+use crate::unknowns::UnknownBook;
 
 /// What a key is percent-encoded against in a path: everything but letters, digits, `-`, `_`
 /// and `~` (RFC 3986's unreserved characters less `.`, so that a key `..` is never a dot
@@ -75,6 +76,7 @@ struct Inner {
     retention: Duration,
     storage_cap: usize,
     layer: idem_http::Config,
+    unknowns: Arc<UnknownBook>,
     /// The keys a reconciler runs for on this serving thread.
     running: Mutex<HashSet<RecordKey>>,
 }
@@ -99,6 +101,7 @@ impl Reconciler {
         template: &str,
         settings: &crate::config::RouteSettings,
         layer: idem_http::Config,
+        unknowns: Arc<UnknownBook>,
     ) -> Self {
         Reconciler {
             inner: Arc::new(Inner {
@@ -110,6 +113,7 @@ impl Reconciler {
                 retention: settings.retention,
                 storage_cap: settings.storage_cap.get(),
                 layer,
+                unknowns,
                 running: Mutex::new(HashSet::new()),
             }),
         }
@@ -168,6 +172,7 @@ impl Inner {
             match settled {
                 Ok(()) => {
                     resolved(way).increment(1);
+                    self.unknowns.resolved(key);
                     tracing::info!(route = %self.route, %key, fence = fence.get(), way, "an unknown outcome was reconciled");
                     return;
                 }

@@ -84,6 +84,14 @@ fn describe_gateway() {
         gateway::CLIENT_BODY_ERRORS,
         "Requests answered 400 because the client's body broke off while it was sent on"
     );
+    describe_counter!(
+        gateway::UNKNOWN_OUTCOMES,
+        "Exchanges whose answer was lost after the upstream had the request (the key held as unknown), by route"
+    );
+    describe_counter!(
+        crate::reconcile::RESOLUTIONS,
+        "Unknown outcomes resolved, by way (reconcile, operator, a hold that lapsed)"
+    );
 }
 
 /// The memory store's evictions, described and registered at zero for each bound.
@@ -119,6 +127,14 @@ fn describe_monitor() {
         (
             monitor::STORE_BYTES,
             "Bytes the store's records hold, as counted against its byte budget",
+        ),
+        (
+            crate::unknowns::UNKNOWN_RECORDS,
+            "Unknown outcomes this gateway has seen and not seen resolved, by route",
+        ),
+        (
+            crate::unknowns::OLDEST_UNKNOWN,
+            "Age of the oldest of them, in seconds, by route",
         ),
     ] {
         metrics::describe_gauge!(name, help);

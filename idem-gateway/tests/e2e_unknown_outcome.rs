@@ -288,3 +288,55 @@ async fn reconcile_settles_a_done_effect_and_frees_one_that_did_not_happen() {
     .await;
     assert!(freed, "a 404 from reconcile did not free the key");
 }
+
+/// The gauges and counters of unknown outcomes: the route's lost answers, its unknown records
+/// and the age of the oldest, and resolutions by way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_outcomes_are_counted_by_route_and_resolutions_by_way() {
+    let upstream = EffectUpstream::start().await;
+    let extra = "[[route]]\nname = \"metered\"\npath = \"/\"\n";
+    let gateway = Gateway::start_with_metrics(
+        &config(upstream.addr, extra),
+        Some(common::metrics_recorder()),
+    )
+    .await;
+    let admin = gateway.admin.clone().unwrap();
+    let http = Http::new();
+    let series = |name: &str| format!("{name}{{route=\"metered\"}}");
+    let first = http
+        .post_key(&gateway.url("/reset"), "k-metered", "pay 10")
+        .await;
+    assert_eq!(first.status, 502);
+    let (lost, text) = common::metric_value(
+        &http,
+        &admin,
+        &series("idem_gateway_unknown_outcomes_total"),
+    )
+    .await;
+    assert_eq!(lost, Some(1.0), "{text}");
+    let (held, text) =
+        common::metric_value(&http, &admin, &series("idem_gateway_unknown_records")).await;
+    assert_eq!(held, Some(1.0), "{text}");
+    assert!(
+        text.contains("idem_gateway_oldest_unknown_seconds{route=\"metered\"}"),
+        "{text}"
+    );
+
+    let url = format!("{admin}/api/keys/k-metered");
+    let released = http
+        .send(Method::POST, &url, &[], "{\"resolve\":\"release\"}")
+        .await;
+    assert_eq!(released.status, 200, "{}", released.text());
+    let (held, text) =
+        common::metric_value(&http, &admin, &series("idem_gateway_unknown_records")).await;
+    assert_eq!(held, Some(0.0), "{text}");
+    let way = "idem_gateway_unknown_resolutions_total{way=\"operator_released\"}";
+    let (resolved, text) = common::metric_value(&http, &admin, way).await;
+    assert!(resolved.is_some_and(|n| n >= 1.0), "{text}");
+    // Freed: the next request with the key runs.
+    let retry = http
+        .post_key(&gateway.url("/ok"), "k-metered", "pay 10")
+        .await;
+    assert_eq!(retry.status, 201, "{}", retry.text());
+    assert_eq!(upstream.effects("k-metered"), 2);
+}

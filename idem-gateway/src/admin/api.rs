@@ -153,7 +153,10 @@ async fn resolve(
     let resolved =
         crate::resolve::resolve(&*admin.store, &key, fence, &resolution, admin.retention).await;
     Ok(match resolved {
-        Ok(fence) => json_response(StatusCode::OK, &resolved_json(&key, fence, &resolution)),
+        Ok(fence) => {
+            admin.unknowns.resolved(&key);
+            json_response(StatusCode::OK, &resolved_json(&key, fence, &resolution))
+        }
         Err(err) => error(err.status(), err),
     })
 }

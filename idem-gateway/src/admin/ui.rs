@@ -325,7 +325,10 @@ async fn resolve(
         Err(err) => return text(StatusCode::BAD_REQUEST, format!("{err}\n")),
     };
     match crate::resolve::resolve(&*admin.store, &key, fence, &resolution, admin.retention).await {
-        Ok(_) => redirect("/ui", None),
+        Ok(_) => {
+            admin.unknowns.resolved(&key);
+            redirect("/ui", None)
+        }
         Err(err) => text(err.status(), format!("{err}\n")),
     }
 }
