@@ -27,8 +27,9 @@ import argparse
 import json
 import sqlite3
 import sys
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS fences (
@@ -189,10 +190,26 @@ def handler(settings):
                 return
             principal = self.headers.get("Authorization", "")
             outcome = pay(settings.db, principal, key, fence, attempt, body)
+            if "hang=1" in urlsplit(self.path).query.split("&"):
+                # For the tests: the payment is made, and the answer never leaves (the process
+                # is then killed, so the gateway's exchange breaks before any head).
+                time.sleep(3600)
             self.answer(outcome.status, outcome.body)
 
         def do_GET(self):
             url = urlsplit(self.path)
+            if url.path.startswith("/payments/by-key/"):
+                # The gateway's reconcile request: what became of the key's payment. 200 with
+                # it, or 404: no payment was made (a payment is one transaction, so there is no
+                # "still running" here).
+                key = unquote(url.path[len("/payments/by-key/"):])
+                principal = self.headers.get("Authorization", "")
+                made = payments(settings.db, principal, key)
+                if made:
+                    self.answer(200, {"key": key, "payment": made[0]["payment"], "reconciled": True})
+                else:
+                    self.answer(404, {"error": "no payment for this key"})
+                return
             if url.path != "/payments":
                 self.answer(404, {"error": "no such route"})
                 return

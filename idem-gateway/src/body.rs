@@ -157,18 +157,26 @@ impl<B: Body + Unpin> Body for SettledTrailers<B> {
     }
 }
 
-/// A request body that notes when its last frame was handed over (to the upstream
-/// connection): the upstream then has the whole request and may be running it, so an answer
-/// lost after that is an unknown outcome, while one lost before is a request that never ran.
-/// Only a claimed request carries a note (`None` otherwise: nothing to decide, no
-/// allocation).
+/// A request body that notes when its last bytes were handed over to the upstream connection:
+/// the upstream then has (nearly) the whole request and may be running it, so an answer lost
+/// after that is an unknown outcome, while one lost before is a request that never ran. Only a
+/// claimed request carries a note (`None` otherwise: nothing to decide, no allocation). Its
+/// data goes in frames of at most [`DELIVERY_FRAME`] bytes (a split of `Bytes` copies
+/// nothing): hyper asks for the next frame only once its write buffer has room, so the last
+/// frame is handed over only after the rest has been written to the socket, and an upstream
+/// that never reads a body larger than the socket buffers never gets it noted.
 #[derive(Debug)]
-pub(crate) struct Delivered<B> {
+pub(crate) struct Delivered<B: Body> {
     body: B,
+    /// The rest of a frame larger than [`DELIVERY_FRAME`], handed over next.
+    rest: Option<B::Data>,
     note: Option<Arc<AtomicBool>>,
 }
 
-impl<B: Body> Delivered<B> {
+/// The largest data frame a noted [`Delivered`] body hands over at once.
+pub(crate) const DELIVERY_FRAME: usize = 64 * 1024;
+
+impl<B: Body<Data = Bytes>> Delivered<B> {
     /// `body`, noting its delivery in `note` (an empty body is delivered with its head, and
     /// noted at once).
     pub(crate) fn new(body: B, note: Option<Arc<AtomicBool>>) -> Self {
@@ -177,29 +185,47 @@ impl<B: Body> Delivered<B> {
                 note.store(true, Ordering::Release);
             }
         }
-        Delivered { body, note }
+        Delivered {
+            body,
+            rest: None,
+            note,
+        }
     }
 
-    /// Whether the whole body was handed over, as `note` says.
-    pub(crate) fn was_delivered(note: &AtomicBool) -> bool {
-        note.load(Ordering::Acquire)
+    /// The next part of `data` to hand over: all of it without a note, else at most
+    /// [`DELIVERY_FRAME`] bytes, the rest kept for the next poll.
+    fn part(&mut self, mut data: Bytes) -> Bytes {
+        if self.note.is_some() && data.len() > DELIVERY_FRAME {
+            let rest = data.split_off(DELIVERY_FRAME);
+            self.rest = Some(rest);
+        }
+        data
     }
 }
 
-impl<B: Body + Unpin> Body for Delivered<B> {
-    type Data = B::Data;
+impl<B: Body<Data = Bytes> + Unpin> Body for Delivered<B> {
+    type Data = Bytes;
     type Error = B::Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.get_mut();
-        let polled = ready!(Pin::new(&mut this.body).poll_frame(cx));
+        let polled = match this.rest.take() {
+            Some(rest) => Some(Ok(Frame::data(this.part(rest)))),
+            None => match ready!(Pin::new(&mut this.body).poll_frame(cx)) {
+                Some(Ok(frame)) => Some(Ok(match frame.into_data() {
+                    Ok(data) => Frame::data(this.part(data)),
+                    Err(frame) => frame,
+                })),
+                other => other,
+            },
+        };
         if let Some(note) = &this.note {
             let ended = match &polled {
                 None => true,
-                Some(Ok(_)) => this.body.is_end_stream(),
+                Some(Ok(_)) => this.is_end_stream(),
                 Some(Err(_)) => false,
             };
             if ended {
@@ -210,10 +236,22 @@ impl<B: Body + Unpin> Body for Delivered<B> {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.rest.is_none() && self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        let rest = self.rest.as_ref().map_or(0, |rest| rest.len() as u64);
+        let inner = self.body.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower().saturating_add(rest));
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper.saturating_add(rest));
+        }
+        hint
     }
+}
+
+/// Whether a [`Delivered`] body handed over its last bytes, as its `note` says.
+pub(crate) fn was_delivered(note: &AtomicBool) -> bool {
+    note.load(Ordering::Acquire)
 }

@@ -242,7 +242,7 @@ impl Claimed {
     }
 
     fn delivered(&self) -> bool {
-        Delivered::<UpstreamRequestBody>::was_delivered(&self.note)
+        crate::body::was_delivered(&self.note)
     }
 }
 

@@ -340,3 +340,97 @@ async fn unknown_outcomes_are_counted_by_route_and_resolutions_by_way() {
     assert_eq!(retry.status, 201, "{}", retry.text());
     assert_eq!(upstream.effects("k-metered"), 2);
 }
+
+/// `kill -9` of the upstream mid-request, after it made the payment and before it answered:
+/// the gateway's exchange breaks before any head, so the key is held as unknown; retries are
+/// told so while the upstream is down. Once the upstream is back, the route's reconcile asks
+/// it, and the retry gets the payment it reports, replayed: one payment in all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_upstream_is_reconciled_once_it_is_back_and_pays_once() {
+    let Some(mut upstream) = common::shared_store::FencedUpstream::start("unknown-kill") else {
+        return;
+    };
+    let extra = "[[route]]\npath = \"/payments\"\nreconcile = \"/payments/by-key/{key}\"\n";
+    let gateway = Gateway::start(&config(upstream.addr, extra)).await;
+    let http = Http::new();
+    let url = gateway.url("/payments?hang=1");
+    let first = {
+        let (http, url) = (http.clone(), url.clone());
+        tokio::spawn(async move { http.post_key(&url, "order-9", "10 EUR").await })
+    };
+    let paid = common::eventually(Duration::from_secs(10), || async {
+        upstream.payments("order-9").await.len() == 1
+    })
+    .await;
+    assert!(paid, "the upstream never made the payment");
+    upstream.kill();
+    let first = first.await.unwrap();
+    assert_eq!(first.status, 502, "{}", first.text());
+    for _ in 0..5 {
+        let retry = http.post_key(&url, "order-9", "10 EUR").await;
+        assert_eq!(retry.status, 409, "{}", retry.text());
+        assert!(retry.text().contains("outcome-unknown"), "{}", retry.text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    upstream.restart();
+    let replayed = common::eventually(Duration::from_secs(30), || async {
+        let retry = http.post_key(&url, "order-9", "10 EUR").await;
+        assert!(
+            retry.status == 409 || retry.replayed(),
+            "{}: {}",
+            retry.status,
+            retry.text()
+        );
+        retry.replayed()
+    })
+    .await;
+    assert!(replayed, "the reconciled payment was never replayed");
+    let retry = http.post_key(&url, "order-9", "10 EUR").await;
+    assert!(
+        retry.text().contains("\"reconciled\": true"),
+        "{}",
+        retry.text()
+    );
+    assert_eq!(upstream.payments("order-9").await.len(), 1);
+}
+
+/// An upstream that takes the connection and never reads the request: a body larger than the
+/// socket buffers is never delivered whole, so the timeout is a request that never ran: 504,
+/// the key released, the retry sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_never_read_the_body_releases_the_key() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            held.push(stream);
+        }
+    });
+    let extra = "[[route]]\npath = \"/\"\nrequest_body_limit = \"64MiB\"\n";
+    let mut config = config(addr, extra);
+    config.upstream.as_mut().unwrap().timeout = Duration::from_millis(500);
+    let gateway = Gateway::start(&config).await;
+    let http = Http::new();
+    let body = "x".repeat(48 << 20);
+    for attempt in 1..=2 {
+        let reply = http.post_key(&gateway.url("/big"), "k-unread", &body).await;
+        assert_eq!(reply.status, 504, "attempt {attempt}: {}", reply.text());
+        assert!(
+            gateway
+                .store
+                .get(&record_key("k-unread"))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            attempt,
+            "the retry was sent again"
+        );
+    }
+}

@@ -1,6 +1,7 @@
 //! `/ui` in a real browser: headless Chromium, driven over WebDriver by chromedriver, signs in
 //! with the admin token, finds the record of a slow request in flight, clicks its Delete
-//! button, and the record is gone from the store. A missing Chromium or chromedriver fails the
+//! button, and the record is gone from the store; then releases an unknown outcome with its
+//! Release button. A missing Chromium or chromedriver fails the
 //! test; outside CI, `IDEM_TEST_SKIP_MISSING=1` skips it loudly instead.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -12,7 +13,9 @@ use std::time::Duration;
 use common::webdriver::{Browser, browser};
 use common::{Fixture, Gateway, Http, config_with, eventually, metrics_recorder};
 use http::Method;
-use idem_core::{IdempotencyKey, RecordKey, Store};
+use idem_core::{
+    ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyKey, RecordKey, Store, UnknownOutcome,
+};
 use idem_gateway::config::Overrides;
 
 const TOKEN: &str = "ui-browser-token";
@@ -99,6 +102,45 @@ async fn an_operator_deletes_a_stuck_key_from_the_page() {
         .await,
         "the row is still on the page"
     );
+
+    an_operator_releases_an_unknown_outcome(&browser, &admin, &*store).await;
     browser.quit().await;
     slow.abort();
+}
+
+/// An unknown outcome is listed on the page with its buttons; its Release button frees the key.
+async fn an_operator_releases_an_unknown_outcome(
+    browser: &Browser,
+    admin: &str,
+    store: &dyn Store,
+) {
+    let lost = RecordKey::unscoped(IdempotencyKey::new("ui-lost").unwrap());
+    let claim = ClaimRequest::new(
+        lost.clone(),
+        Fingerprint::of(&[b"x"]),
+        Duration::from_secs(60),
+    );
+    let ClaimOutcome::Acquired { lease, .. } = store.claim(&claim).await.unwrap() else {
+        panic!("not acquired");
+    };
+    let outcome = UnknownOutcome::new("the upstream did not answer within 8s");
+    store
+        .settle_unknown(&lease, outcome, None, Duration::from_secs(600))
+        .await
+        .unwrap();
+    browser.navigate(&format!("{admin}/ui")).await;
+    let Some(release) = browser
+        .find("tr[data-key=\"ui-lost\"] button.release")
+        .await
+    else {
+        panic!("no Release button in {}", browser.source().await);
+    };
+    browser.click(&release).await;
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            store.get(&lost).await.unwrap().is_none()
+        })
+        .await,
+        "the unknown outcome was not released"
+    );
 }

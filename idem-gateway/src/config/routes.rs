@@ -71,25 +71,7 @@ fn settings(
         Some(HumanDuration(d)) => Some(d),
         None => parent.wait,
     };
-    let unknown_hold = match section.unknown_hold {
-        Some(HumanDuration(d)) if d.is_zero() => None,
-        Some(HumanDuration(d)) => Some(d),
-        None => parent.unknown_hold,
-    };
-    // Unset, the grace is the route's lease (whatever lease it gets).
-    let release_grace = match &section.release_grace {
-        Some(grace) => Some(positive(
-            grace.get_ref().0,
-            "release_grace",
-            origin,
-            Some(grace.span().start),
-        )?),
-        None => parent.release_grace,
-    };
-    let reconcile = match &section.reconcile {
-        Some(template) => Some(reconcile_template(template, origin)?),
-        None => parent.reconcile.clone(),
-    };
+    let (unknown_hold, release_grace, reconcile) = unknown_settings(section, parent, origin)?;
     let request_body_limit = size(
         section.request_body_limit.as_ref(),
         "request_body_limit",
@@ -299,6 +281,36 @@ pub(super) fn route_configs(
         settings: defaults,
     });
     Ok(resolved)
+}
+
+/// The unknown-outcome settings of a route section over its parent's: the hold (`None`: until
+/// resolved), the grace of `release` (`None`: the lease) and the reconcile template.
+#[allow(clippy::type_complexity)]
+fn unknown_settings(
+    section: &RouteSection,
+    parent: &RouteSettings,
+    origin: &Origin,
+) -> Result<(Option<Duration>, Option<Duration>, Option<String>), GatewayConfigError> {
+    let unknown_hold = match section.unknown_hold {
+        Some(HumanDuration(d)) if d.is_zero() => None,
+        Some(HumanDuration(d)) => Some(d),
+        None => parent.unknown_hold,
+    };
+    // Unset, the grace is the route's lease (whatever lease it gets).
+    let release_grace = match &section.release_grace {
+        Some(grace) => Some(positive(
+            grace.get_ref().0,
+            "release_grace",
+            origin,
+            Some(grace.span().start),
+        )?),
+        None => parent.release_grace,
+    };
+    let reconcile = match &section.reconcile {
+        Some(template) => Some(reconcile_template(template, origin)?),
+        None => parent.reconcile.clone(),
+    };
+    Ok((unknown_hold, release_grace, reconcile))
 }
 
 /// A `reconcile` path template: an absolute path with `{key}` exactly once, where the key goes

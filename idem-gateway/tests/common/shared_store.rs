@@ -278,23 +278,33 @@ async fn kill_and_take_over(
 /// when `python3` is missing and the run asked to skip (under CI it fails the test, see
 /// `idem_testkit::probe`).
 pub struct FencedUpstream {
-    _proc: Proc,
+    process: Proc,
     pub addr: SocketAddr,
     db: PathBuf,
 }
 
 impl FencedUpstream {
     pub fn start(name: &str) -> Option<FencedUpstream> {
+        let db = std::env::temp_dir().join(format!("idem-{name}.sqlite3"));
+        FencedUpstream::remove(&db);
+        let (child, addr) = FencedUpstream::spawn(&db, "127.0.0.1:0")?;
+        Some(FencedUpstream {
+            process: Proc { child },
+            addr,
+            db,
+        })
+    }
+
+    /// The script on `listen` over the database `db`, and the address it listens on.
+    fn spawn(db: &std::path::Path, listen: &str) -> Option<(std::process::Child, SocketAddr)> {
         let script = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../examples/fenced-upstream/fenced_upstream.py"
         );
-        let db = std::env::temp_dir().join(format!("idem-{name}.sqlite3"));
-        FencedUpstream::remove(&db);
         let spawned = std::process::Command::new("python3")
             .arg(script)
-            .args(["--listen", "127.0.0.1:0", "--quiet", "--db"])
-            .arg(&db)
+            .args(["--listen", listen, "--quiet", "--db"])
+            .arg(db)
             .stdout(std::process::Stdio::piped())
             .spawn();
         let mut child = match spawned {
@@ -307,11 +317,20 @@ impl FencedUpstream {
             }
         };
         let addr = read_until(&mut child, "listening on").parse().unwrap();
-        Some(FencedUpstream {
-            _proc: Proc { child },
-            addr,
-            db,
-        })
+        Some((child, addr))
+    }
+
+    /// Kills the process with `SIGKILL` (its database stays), as a crash would.
+    pub fn kill(&mut self) {
+        let _ = self.process.child.kill();
+        let _ = self.process.child.wait();
+    }
+
+    /// Starts the process again on the same address and database.
+    pub fn restart(&mut self) {
+        let listen = self.addr.to_string();
+        let (child, _) = FencedUpstream::spawn(&self.db, &listen).unwrap();
+        self.process = Proc { child };
     }
 
     /// The payments made for `key`.
