@@ -1119,28 +1119,6 @@ async fn the_key_api_refuses_limit_0_answers_head_and_bounds_a_bad_cursor() {
     );
 }
 
-/// Claims `key` and settles it unknown in `store`, as a gateway whose upstream lost its answer
-/// does; returns the fence.
-async fn an_unknown_record(store: &dyn Store, key: &str) -> u64 {
-    let claimed = store
-        .claim(&ClaimRequest::new(
-            record_key(key),
-            Fingerprint::of(&[b"t"]),
-            Duration::from_secs(60),
-        ))
-        .await
-        .unwrap();
-    let idem_core::ClaimOutcome::Acquired { lease, .. } = claimed else {
-        panic!("not acquired: {claimed:?}");
-    };
-    let lost = idem_core::UnknownOutcome::new("the upstream did not answer within 8s");
-    store
-        .settle_unknown(&lease, lost, None, Duration::from_secs(600))
-        .await
-        .unwrap();
-    lease.fence.get()
-}
-
 /// An unknown outcome is resolved through the key API (`POST /api/keys/KEY`) and `idem keys
 /// resolve`: a release frees the key, a completed resolution stores the response given (body
 /// from a file), a resolution of a record that is not unknown, or at another fence, is 409 /
@@ -1154,7 +1132,7 @@ async fn unknown_outcomes_are_resolved_by_the_key_api_and_keys_resolve() {
     let bearer = format!("Bearer {TOKEN}");
     let auth = [("authorization", bearer.as_str())];
 
-    let fence = an_unknown_record(&*gateway.store, "api-release").await;
+    let fence = common::an_unknown_record(&*gateway.store, "api-release").await;
     let stale = format!("{{\"resolve\":\"release\",\"fence\":{}}}", fence + 1);
     let url = format!("{admin}/api/keys/api-release");
     let refused = http.send(Method::POST, &url, &auth, stale).await;
@@ -1185,7 +1163,7 @@ async fn unknown_outcomes_are_resolved_by_the_key_api_and_keys_resolve() {
         .await;
     assert_eq!(bad.status, 400, "{}", bad.text());
 
-    an_unknown_record(&*gateway.store, "cli-done").await;
+    common::an_unknown_record(&*gateway.store, "cli-done").await;
     let body = tempfile_with("{\"paid\":true}");
     let (code, out, err) = idem_keys(
         &admin,
@@ -1249,7 +1227,7 @@ async fn the_page_resolves_unknown_outcomes_with_its_csrf_token() {
     let gateway = Gateway::start(&config_with(fixture.addr, "", &with_token())).await;
     let admin = gateway.admin.clone().unwrap();
     let http = Http::new();
-    let fence = an_unknown_record(&*gateway.store, "<ui-unknown>").await;
+    let fence = common::an_unknown_record(&*gateway.store, "<ui-unknown>").await;
     let login = log_in(&http, &admin, TOKEN).await;
     let cookie = login
         .header("set-cookie")

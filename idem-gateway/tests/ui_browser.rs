@@ -13,9 +13,7 @@ use std::time::Duration;
 use common::webdriver::{Browser, browser};
 use common::{Fixture, Gateway, Http, config_with, eventually, metrics_recorder};
 use http::Method;
-use idem_core::{
-    ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyKey, RecordKey, Store, UnknownOutcome,
-};
+use idem_core::{IdempotencyKey, RecordKey, Store};
 use idem_gateway::config::Overrides;
 
 const TOKEN: &str = "ui-browser-token";
@@ -115,19 +113,7 @@ async fn an_operator_releases_an_unknown_outcome(
     store: &dyn Store,
 ) {
     let lost = RecordKey::unscoped(IdempotencyKey::new("ui-lost").unwrap());
-    let claim = ClaimRequest::new(
-        lost.clone(),
-        Fingerprint::of(&[b"x"]),
-        Duration::from_secs(60),
-    );
-    let ClaimOutcome::Acquired { lease, .. } = store.claim(&claim).await.unwrap() else {
-        panic!("not acquired");
-    };
-    let outcome = UnknownOutcome::new("the upstream did not answer within 8s");
-    store
-        .settle_unknown(&lease, outcome, None, Duration::from_secs(600))
-        .await
-        .unwrap();
+    common::an_unknown_record(store, "ui-lost").await;
     browser.navigate(&format!("{admin}/ui")).await;
     let Some(release) = browser
         .find("tr[data-key=\"ui-lost\"] button.release")

@@ -23,7 +23,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem_core::Store;
+use idem_core::{IdempotencyKey, RecordKey, Store};
 use idem_gateway::RenderMetrics;
 use idem_gateway::config::{self, Config, Overrides};
 use idem_gateway::{Running, start_with_store};
@@ -459,4 +459,26 @@ pub fn spawn_gateway(args: &[&str]) -> (Proc, SocketAddr) {
     let mut child = idem_command("serve").args(args).spawn().unwrap();
     let addr = read_until(&mut child, "listening on").parse().unwrap();
     (Proc { child }, addr)
+}
+
+/// Claims `key` and settles it unknown in `store`, as a gateway whose upstream lost its answer
+/// does; returns the fence.
+pub async fn an_unknown_record(store: &dyn Store, key: &str) -> u64 {
+    let claimed = store
+        .claim(&idem_core::ClaimRequest::new(
+            RecordKey::unscoped(IdempotencyKey::new(key).unwrap()),
+            idem_core::Fingerprint::of(&[b"t"]),
+            Duration::from_secs(60),
+        ))
+        .await
+        .unwrap();
+    let idem_core::ClaimOutcome::Acquired { lease, .. } = claimed else {
+        panic!("not acquired: {claimed:?}");
+    };
+    let lost = idem_core::UnknownOutcome::new("the upstream did not answer within 8s");
+    store
+        .settle_unknown(&lease, lost, None, Duration::from_secs(600))
+        .await
+        .unwrap();
+    lease.fence.get()
 }
