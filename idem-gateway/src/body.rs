@@ -177,18 +177,22 @@ pub(crate) struct Delivered<B: Body> {
 pub(crate) const DELIVERY_FRAME: usize = 64 * 1024;
 
 impl<B: Body<Data = Bytes>> Delivered<B> {
-    /// `body`, noting its delivery in `note` (an empty body is delivered with its head, and
-    /// noted at once).
+    /// `body`, noting its delivery in `note`.
     pub(crate) fn new(body: B, note: Option<Arc<AtomicBool>>) -> Self {
-        if let Some(note) = &note {
-            if body.is_end_stream() {
-                note.store(true, Ordering::Release);
-            }
-        }
         Delivered {
             body,
             rest: None,
             note,
+        }
+    }
+
+    /// Called as the request is handed to a connection: an empty body goes with the head
+    /// (hyper never polls it), so it is noted delivered now.
+    pub(crate) fn dispatched(&self) {
+        if let Some(note) = &self.note {
+            if self.rest.is_none() && self.body.is_end_stream() {
+                note.store(true, Ordering::Release);
+            }
         }
     }
 

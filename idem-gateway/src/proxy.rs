@@ -217,20 +217,19 @@ fn client_body_failed(err: &hyper::Error) -> bool {
         })
 }
 
-/// The claim a request runs under, as the proxy keeps it while the request is out: its key
-/// and fence, and the note of its delivery ([`Delivered`]).
+/// The claim a request runs under, as the proxy keeps it while the request is out (moved out of
+/// the request's extensions: nothing is copied on the common path), and the note of its
+/// delivery ([`Delivered`]).
 #[derive(Debug)]
 struct Claimed {
-    key: RecordKey,
-    fence: Fence,
+    context: IdempotencyContext,
     note: Arc<AtomicBool>,
 }
 
 impl Claimed {
     fn new(context: IdempotencyContext) -> Self {
         Claimed {
-            key: RecordKey::new(context.scope().clone(), context.key().clone()),
-            fence: context.fence(),
+            context,
             note: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -797,10 +796,11 @@ impl Proxy {
             .request_sent(true)
             .head_seen(head_seen);
         parts.extensions.insert(OutcomeUnknown(outcome));
+        let context = &claimed.context;
         parts.extensions.insert(LostAnswer {
             error: Arc::new(error),
-            key: claimed.key,
-            fence: claimed.fence,
+            key: RecordKey::new(context.scope().clone(), context.key().clone()),
+            fence: context.fence(),
         });
         let body = UpstreamBody {
             body: None,
@@ -830,6 +830,7 @@ impl Proxy {
                 .checkout(now)
                 .await
                 .map_err(|err| (self.connect_error(err), false))?;
+            request.body().dispatched();
             match conn.sender.try_send_request(request).await {
                 Ok(response) => return Ok((response, conn.sender)),
                 Err(mut err) => match err.take_message() {

@@ -434,3 +434,45 @@ async fn an_upstream_that_never_read_the_body_releases_the_key() {
         );
     }
 }
+
+/// A connection that is never made (a listener whose backlog is full drops the SYN, so the
+/// connect waits past `timeout`, which is shorter than `connect_timeout` here) sent nothing,
+/// an empty body included: 504, released, and the retry is tried again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_never_made_releases_the_key_even_for_an_empty_body() {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket
+        .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+        .unwrap();
+    socket.listen(0).unwrap();
+    let addr = socket.local_addr().unwrap().as_socket().unwrap();
+    // Fill the backlog: connections the listener never accepts.
+    let mut fillers = Vec::new();
+    for _ in 0..4 {
+        if let Ok(Ok(stream)) = tokio::time::timeout(
+            Duration::from_millis(200),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await
+        {
+            fillers.push(stream);
+        }
+    }
+    let mut config = config(addr, "");
+    config.upstream.as_mut().unwrap().timeout = Duration::from_millis(300);
+    let gateway = Gateway::start(&config).await;
+    let http = Http::new();
+    for _ in 0..2 {
+        let reply = http.post_key(&gateway.url("/ok"), "k-nowhere", "").await;
+        assert_eq!(reply.status, 504, "{}", reply.text());
+        assert!(
+            gateway
+                .store
+                .get(&record_key("k-nowhere"))
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+    drop(socket);
+}
