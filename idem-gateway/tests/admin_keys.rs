@@ -1016,10 +1016,11 @@ async fn a_405_names_the_methods_the_resource_takes() {
         (Method::POST, "/healthz", "GET, HEAD"),
         (Method::DELETE, "/metrics", "GET, HEAD"),
         (Method::DELETE, "/api/keys", "GET, HEAD"),
-        (Method::PUT, "/api/keys/k-1", "GET, HEAD, DELETE"),
+        (Method::PUT, "/api/keys/k-1", "GET, HEAD, DELETE, POST"),
         (Method::PUT, "/ui", "GET, HEAD"),
         (Method::DELETE, "/ui/login", "GET, HEAD, POST"),
         (Method::GET, "/ui/delete", "POST"),
+        (Method::GET, "/ui/resolve", "POST"),
     ] {
         let reply = http
             .send(
