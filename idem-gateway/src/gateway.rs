@@ -376,6 +376,11 @@ impl Gateway {
         method: &http::Method,
         uri: &http::Uri,
     ) {
+        // Only a 502, a 504 (a lost answer) or a 409 (a retry told so) can be one: the common
+        // answers look nothing up.
+        if !matches!(response.status().as_u16(), 409 | 502 | 504) {
+            return;
+        }
         if let Some(lost) = response.extensions().get::<LostAnswer>() {
             let kind = lost.error.kind();
             if let Some((_, counter)) = self.upstream_errors.iter().find(|(k, _)| *k == kind) {

@@ -733,7 +733,8 @@ impl Proxy {
                 };
                 return self.lost(error, true, claimed, false);
             }
-            () = &mut aborted => return Err(ProxyError::ShuttingDown),
+            // The upstream may still be running a request it had: not a key to free.
+            () = &mut aborted => return self.lost(ProxyError::ShuttingDown, true, claimed, false),
         };
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
             return Err(ProxyError::SwitchedProtocols {
@@ -760,7 +761,10 @@ impl Proxy {
             first = body.read_first() => first,
             // Past the deadline, the first frame is streamed after the head as it comes.
             () = &mut expired => Ok(()),
-            () = &mut aborted => return Err(ProxyError::ShuttingDown),
+            () = &mut aborted => {
+                let claimed = claimed.map(Claimed::answered);
+                return self.lost(ProxyError::ShuttingDown, true, claimed, true);
+            }
         };
         if let Err(err) = first {
             let error = ProxyError::Failed {

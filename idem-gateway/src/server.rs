@@ -40,7 +40,8 @@ use crate::proxy::Tracker;
 /// hyper's own limit on the header fields of an HTTP/1 request, used when none is set.
 const HYPER_MAX_HEADERS: usize = 100;
 
-/// After the grace period, how long aborted requests get to release their keys.
+/// After the grace period, how long aborted requests get to settle their keys (released, or
+/// left unknown where the upstream had the request).
 const SETTLE: Duration = Duration::from_secs(5);
 
 /// The shortest interval between two log lines of one kind about refused or failed accepts.
@@ -452,7 +453,7 @@ pub(crate) async fn serve_workers(
     } else {
         tracing::warn!(
             abandoned = drained.abandoned,
-            "shutdown: grace period over; the requests still waiting for the upstream were aborted (their keys released)"
+            "shutdown: grace period over; the requests still waiting for the upstream were aborted (their keys released, or left unknown where the upstream had the request)"
         );
     }
     drained
