@@ -222,10 +222,10 @@ async fn slice_rates(
             }
         },
         check: |answers| {
-            let created = answers[0].first().map(|row| row.try_get::<_, bool>(13));
+            let created = answers[0].first().map(|row| row.try_get::<_, bool>(17));
             let swapped = answers[1]
                 .first()
-                .map(|row| row.try_get::<_, Option<i64>>(13));
+                .map(|row| row.try_get::<_, Option<i64>>(17));
             match (created, swapped) {
                 (Some(Ok(true)), Some(Ok(Some(_)))) => Ok(()),
                 other => Err(format!("not created and swapped: {other:?}").into()),
@@ -288,7 +288,7 @@ impl Cycle {
 }
 
 /// The values of one record as the store sends them (see `PostgresStore::primitive_sql`):
-/// $1 scope, $2 key, $3..$14 the record columns, $15 the version read (compare-and-set).
+/// $1 scope, $2 key, $3..$18 the record columns, $19 the version read (compare-and-set).
 struct Row {
     scope: String,
     key: String,
@@ -334,7 +334,7 @@ impl Row {
         )
     }
 
-    /// $1 to $14 of a record in `state` (no failure) at fence 1, attempt 1.
+    /// $1 to $18 of a record in `state` (no failure, no unknown outcome) at fence 1, attempt 1.
     fn columns<'a>(
         &'a self,
         state: &'a (dyn ToSql + Sync),
@@ -344,6 +344,7 @@ impl Row {
     ) -> Vec<&'a (dyn ToSql + Sync)> {
         const NO_TEXT: Option<String> = None;
         const NO_FLAG: Option<bool> = None;
+        const NO_TIME: Option<SystemTime> = None;
         vec![
             &self.scope,
             &self.key,
@@ -359,6 +360,10 @@ impl Row {
             result,
             &NO_TEXT,
             &NO_FLAG,
+            &NO_TEXT,
+            &NO_FLAG,
+            &NO_FLAG,
+            &NO_TIME,
         ]
     }
 }
