@@ -101,6 +101,21 @@ pub(super) fn unkeyed_scopes(routes: &[super::Route], warnings: &mut Warnings) {
     }
 }
 
+/// Warns that a route's `reconcile` request names the key alone, on a route whose keys are
+/// scoped: the request carries none of the client's credentials, so an upstream that keeps
+/// keys per principal cannot tell two principals' same key apart.
+pub(super) fn reconcile_by_key_alone(origin: &Origin, at: Option<usize>, warnings: &mut Warnings) {
+    warn(
+        warnings,
+        origin,
+        at,
+        "reconcile asks the upstream by key alone, with none of the client's credentials, on a \
+         route whose keys are scoped: its answer must be the one for that key whoever sent it \
+         (keys unique across principals), or two principals' same key get one answer"
+            .to_owned(),
+    );
+}
+
 /// Refuses an admin listener that other machines can reach without a token.
 ///
 /// # Errors

@@ -174,6 +174,17 @@ mod tests {
         assert_eq!(hold("/c"), Some(second(600)));
         let c = config.routes.iter().find(|r| r.name == "/c").unwrap();
         assert_eq!(c.settings.reconcile.as_deref(), Some("/by-key/{key}?v=1"));
+        // Its keys are scoped (by Authorization, the default), and reconcile asks by key alone.
+        let warned = |config: &super::Config| {
+            config.warnings.iter().any(|w| {
+                w.message()
+                    .contains("reconcile asks the upstream by key alone")
+            })
+        };
+        assert!(warned(&config));
+        let unscoped = text.replace("reconcile =", "scope = \"none\"\nreconcile =");
+        let config = from_str("idem.toml", &unscoped, &Overrides::default()).unwrap();
+        assert!(!warned(&config));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use super::build::{positive, size};
 use super::internal::{DEFAULT_ROUTE, Origin, Route, RouteSettings};
 use super::lint::{self, Warnings};
 use super::toml::RouteSection;
-use super::value::{HumanDuration, PathPattern, RoutePath};
+use super::value::{HumanDuration, PathPattern, RoutePath, ScopeSpec};
 
 fn header_names(
     names: &[String],
@@ -72,6 +72,13 @@ fn settings(
         None => parent.wait,
     };
     let (unknown_hold, release_grace, reconcile) = unknown_settings(section, parent, origin)?;
+    let scope = section
+        .scope
+        .clone()
+        .unwrap_or_else(|| parent.scope.clone());
+    if let (Some(template), false) = (&section.reconcile, scope == ScopeSpec::None) {
+        lint::reconcile_by_key_alone(origin, Some(template.span().start), warnings);
+    }
     let request_body_limit = size(
         section.request_body_limit.as_ref(),
         "request_body_limit",
@@ -110,10 +117,7 @@ fn settings(
         header,
         methods,
         key: section.key.unwrap_or(parent.key),
-        scope: section
-            .scope
-            .clone()
-            .unwrap_or_else(|| parent.scope.clone()),
+        scope,
         lease,
         heartbeat,
         retention,
