@@ -265,26 +265,14 @@ pub fn complete(
     now: Timestamp,
     policy: LeasePolicy,
 ) -> Result<Step<()>, StoreError> {
-    let record = held(existing, lease, now)?.ok_or(TransitionRejection::NotFound)?;
-    match record.state {
-        State::Completed => Ok(Step::answer(())),
-        State::Failed | State::Unknown => Err(TransitionRejection::AlreadySettled {
-            state: record.state,
-        }
-        .into()),
-        State::InFlight => {
-            check_policy(record, now, policy)?;
-            let mut updated = record.clone();
-            updated.state = State::Completed;
-            updated.completed_at = Some(now);
-            updated.expires_at = now.saturating_add(retention);
-            updated.result = Some(result);
-            Ok(Step {
-                write: Write::Put(updated),
-                answer: (),
-            })
-        }
-    }
+    let settling = Settling {
+        lease,
+        into: State::Completed,
+        retention,
+        now,
+        policy,
+    };
+    settling.apply(existing, |record| record.result = Some(result))
 }
 
 /// `fail`: a retryable failure removes the record (the key is free); a permanent one is kept
@@ -382,25 +370,54 @@ pub fn settle_unknown(
     now: Timestamp,
     policy: LeasePolicy,
 ) -> Result<Step<()>, StoreError> {
-    let record = held(existing, lease, now)?.ok_or(TransitionRejection::NotFound)?;
-    match record.state {
-        State::Unknown => Ok(Step::answer(())),
-        State::Completed | State::Failed => Err(TransitionRejection::AlreadySettled {
-            state: record.state,
-        }
-        .into()),
-        State::InFlight => {
-            check_policy(record, now, policy)?;
-            let mut updated = record.clone();
-            updated.state = State::Unknown;
-            updated.completed_at = Some(now);
-            updated.expires_at = now.saturating_add(retention);
-            updated.unknown = Some(outcome);
-            updated.hold_until = hold.map(|hold| now.saturating_add(hold));
-            Ok(Step {
-                write: Write::Put(updated),
-                answer: (),
-            })
+    let settling = Settling {
+        lease,
+        into: State::Unknown,
+        retention,
+        now,
+        policy,
+    };
+    settling.apply(existing, |record| {
+        record.unknown = Some(outcome);
+        record.hold_until = hold.map(|hold| now.saturating_add(hold));
+    })
+}
+
+/// A holder settling its in-flight record into `into` (completed or unknown), kept for
+/// `retention` from `now`.
+struct Settling<'a> {
+    lease: &'a Lease,
+    into: State,
+    retention: Duration,
+    now: Timestamp,
+    policy: LeasePolicy,
+}
+
+impl Settling<'_> {
+    /// The step: the record `fill` completes, settled; `Ok` without a write when it is settled
+    /// so already (the same settle sent again); refused when it is settled otherwise.
+    fn apply(
+        &self,
+        existing: Option<&Record>,
+        fill: impl FnOnce(&mut Record),
+    ) -> Result<Step<()>, StoreError> {
+        let now = self.now;
+        let record = held(existing, self.lease, now)?.ok_or(TransitionRejection::NotFound)?;
+        match record.state {
+            state if state == self.into => Ok(Step::answer(())),
+            State::InFlight => {
+                check_policy(record, now, self.policy)?;
+                let mut updated = record.clone();
+                updated.state = self.into;
+                updated.completed_at = Some(now);
+                updated.expires_at = now.saturating_add(self.retention);
+                fill(&mut updated);
+                Ok(Step {
+                    write: Write::Put(updated),
+                    answer: (),
+                })
+            }
+            state => Err(TransitionRejection::AlreadySettled { state }.into()),
         }
     }
 }
