@@ -127,6 +127,7 @@ mod replay;
 mod request_body;
 pub mod scope;
 mod service;
+pub mod signature;
 mod unknown;
 
 pub use body::ResponseBody;
