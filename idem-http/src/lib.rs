@@ -118,6 +118,7 @@ pub mod fields;
 pub mod fingerprint;
 mod future;
 pub mod header;
+pub mod key_source;
 mod layer;
 pub mod metrics;
 mod outcome;
