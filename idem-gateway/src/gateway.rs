@@ -25,7 +25,7 @@ use crate::body::{GatewayBody, RequestBody, boxed, full};
 use crate::config::toml::{KeyMode, OnStoreError};
 use crate::config::{Config, GatewayConfigError, RoutePath, RouteSettings, ScopeSpec, StoreConfig};
 use crate::normal_path::{NormalPath, PathError, unambiguous};
-use crate::proxy::{ClientAddr, LostAnswer, Proxy, ProxyError, Tracker};
+use crate::proxy::{ClientAddr, LostAnswer, OnLost, Proxy, ProxyError, Tracker};
 use crate::reconcile::Reconciler;
 use crate::request_head::{HeadError, HeadPolicy};
 use crate::unknowns::UnknownBook;
@@ -155,13 +155,44 @@ struct RouteEntry {
     /// Requests by status class: 1xx to 5xx.
     by_class: [Counter; 5],
     duration: Histogram,
-    /// `idem_gateway_unknown_outcomes_total{route}`: exchanges whose answer was lost.
-    unknowns: Counter,
     /// Asks the upstream for unknown outcomes (`reconcile`), if the route names a path.
+    reconciler: Option<Reconciler>,
+}
+
+/// What a route does with an answer its proxy lost: counted
+/// (`idem_gateway_unknown_outcomes_total{route}` and the upstream error's kind), logged, put in
+/// the book of unknown outcomes, reconciled if the route names a path, and its hold's end
+/// noted. Called by the proxy where the answer is lost, so a client that went away first does
+/// not keep the key from being reconciled.
+#[derive(Debug)]
+struct RouteLosses {
+    route: String,
+    count: Counter,
+    upstream_errors: Arc<[(&'static str, Counter)]>,
+    book: Arc<UnknownBook>,
     reconciler: Option<Reconciler>,
     /// How long an unknown key is held before it is freed, and the store to see it in, for the
     /// log line and count of a release after a hold (`None`: held until resolved).
     lapse: Option<(Duration, Arc<dyn Store>)>,
+}
+
+impl OnLost for RouteLosses {
+    fn lost(&self, lost: &LostAnswer) {
+        let kind = lost.error.kind();
+        if let Some((_, counter)) = self.upstream_errors.iter().find(|(k, _)| *k == kind) {
+            counter.increment(1);
+        }
+        self.count.increment(1);
+        let now = idem_core::Clock::now(&idem_core::SystemClock);
+        self.book.held(&self.route, &lost.key, lost.fence, now);
+        tracing::warn!(route = %self.route, key = %lost.key, fence = lost.fence.get(), error = %crate::proxy::error_chain(lost.error.as_ref()), "the upstream had the request and its answer was lost: the outcome is unknown, and the key is not freed for a retry to run blind");
+        if let Some(reconciler) = &self.reconciler {
+            reconciler.start(lost.key.clone(), lost.fence);
+        }
+        if let Some((hold, store)) = &self.lapse {
+            crate::reconcile::note_lapse(store.clone(), lost.key.clone(), lost.fence, *hold);
+        }
+    }
 }
 
 /// The gateway: routes, each with its layer and the shared proxy. Cheap to clone.
@@ -214,6 +245,15 @@ impl Gateway {
         unknowns: Arc<UnknownBook>,
     ) -> Result<Self, GatewayConfigError> {
         let proxy = Proxy::new(config.require_upstream()?, tracker);
+        let upstream_errors: Arc<[(&'static str, Counter)]> = ERROR_KINDS
+            .iter()
+            .map(|kind| {
+                (
+                    *kind,
+                    metrics::counter!(metric::UPSTREAM_ERRORS, "kind" => *kind),
+                )
+            })
+            .collect();
         let mut routes = Vec::with_capacity(config.routes.len());
         for route in &config.routes {
             let mut reconciler = None;
@@ -240,8 +280,19 @@ impl Gateway {
                         unknowns.clone(),
                     )
                 });
+                let losses = RouteLosses {
+                    route: route.name.clone(),
+                    count: metrics::counter!(metric::UNKNOWN_OUTCOMES, "route" => route.name.clone()),
+                    upstream_errors: upstream_errors.clone(),
+                    book: unknowns.clone(),
+                    reconciler: reconciler.clone(),
+                    lapse: route
+                        .settings
+                        .unknown_hold()
+                        .map(|hold| (hold, store.clone())),
+                };
                 let layer = IdempotencyLayer::from_arc(store.clone(), layer_config);
-                RouteService::Layered(layer.layer(proxy.clone()))
+                RouteService::Layered(layer.layer(proxy.reporting(Arc::new(losses))))
             } else {
                 RouteService::Plain(proxy.clone())
             };
@@ -250,30 +301,15 @@ impl Gateway {
                 metrics::counter!(metric::REQUESTS, "route" => name.clone(), "status" => class)
             });
             let duration = metrics::histogram!(metric::DURATION, "route" => name.clone());
-            let unknowns = metrics::counter!(metric::UNKNOWN_OUTCOMES, "route" => name.clone());
             routes.push(RouteEntry {
                 name,
                 path: route.path.clone(),
                 service,
                 by_class,
                 duration,
-                unknowns,
                 reconciler,
-                lapse: route
-                    .settings
-                    .unknown_hold()
-                    .map(|hold| (hold, store.clone())),
             });
         }
-        let upstream_errors = ERROR_KINDS
-            .iter()
-            .map(|kind| {
-                (
-                    *kind,
-                    metrics::counter!(metric::UPSTREAM_ERRORS, "kind" => *kind),
-                )
-            })
-            .collect();
         let refused = metric::REFUSED_REASONS
             .map(|reason| metrics::counter!(metric::REFUSED, "reason" => reason));
         for way in crate::reconcile::WAYS {
@@ -334,7 +370,7 @@ impl Gateway {
         };
         let response = match result {
             Ok(response) => {
-                self.unknown_outcomes(route, &response, &method, &uri);
+                self.unknown_outcomes(route, &response);
                 response
             }
             Err(err @ ProxyError::ClientBody { .. }) => {
@@ -366,37 +402,16 @@ impl Gateway {
         response
     }
 
-    /// Counts, logs and reconciles an unknown outcome: an exchange of this request whose
-    /// answer was lost ([`LostAnswer`]), or a retry answered `outcome-unknown` (a key another
-    /// attempt left unknown: its reconciler starts here if none runs).
-    fn unknown_outcomes(
-        &self,
-        route: &RouteEntry,
-        response: &Response<GatewayBody>,
-        method: &http::Method,
-        uri: &http::Uri,
-    ) {
-        // Only a 502, a 504 (a lost answer) or a 409 (a retry told so) can be one: the common
-        // answers look nothing up.
-        if !matches!(response.status().as_u16(), 409 | 502 | 504) {
+    /// Notes a retry answered `outcome-unknown` (a key another attempt left unknown, perhaps
+    /// on another gateway or before a restart): the key goes in the book, and its reconciler
+    /// starts here if none runs. A lost answer of this gateway's own is reported where it is
+    /// lost ([`RouteLosses`]).
+    fn unknown_outcomes(&self, route: &RouteEntry, response: &Response<GatewayBody>) {
+        // Only a 409 can be one: the common answers look nothing up.
+        if response.status() != StatusCode::CONFLICT {
             return;
         }
-        if let Some(lost) = response.extensions().get::<LostAnswer>() {
-            let kind = lost.error.kind();
-            if let Some((_, counter)) = self.upstream_errors.iter().find(|(k, _)| *k == kind) {
-                counter.increment(1);
-            }
-            route.unknowns.increment(1);
-            let now = idem_core::Clock::now(&idem_core::SystemClock);
-            self.unknowns.held(&route.name, &lost.key, lost.fence, now);
-            tracing::warn!(route = %route.name, %method, path = uri.path(), key = %lost.key, fence = lost.fence.get(), error = %crate::proxy::error_chain(lost.error.as_ref()), "the upstream had the request and its answer was lost: the key is held as unknown");
-            if let Some(reconciler) = &route.reconciler {
-                reconciler.start(lost.key.clone(), lost.fence);
-            }
-            if let Some((hold, store)) = &route.lapse {
-                crate::reconcile::note_lapse(store.clone(), lost.key.clone(), lost.fence, *hold);
-            }
-        } else if let Some(Rejection::OutcomeUnknown { key, fence, .. }) =
+        if let Some(Rejection::OutcomeUnknown { key, fence, .. }) =
             response.extensions().get::<Rejection>()
         {
             let now = idem_core::Clock::now(&idem_core::SystemClock);

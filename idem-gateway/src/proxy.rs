@@ -11,7 +11,7 @@
 //! 502 or 504. An exchange whose answer was lost after the upstream had the whole request (no
 //! head within `timeout`, a connection reset or closed before the head, a body that breaks
 //! before its first frame) is a 502 or 504 response instead, marked [`OutcomeUnknown`] so the
-//! layer holds the key as unknown, and [`LostAnswer`] for the gateway's count, log and
+//! layer holds the key as unknown, and told to the route ([`OnLost`]) for its count, log and
 //! reconciliation. An upstream that breaks off its response body later is counted and logged
 //! by its [`UpstreamBody`], and the layer holds that key as unknown too. A 101 (the gateway
 //! carries no protocol switch) is an `Err` as well: the head is passed on only once the first
@@ -245,10 +245,10 @@ impl Claimed {
     }
 }
 
-/// In the extensions of a response the proxy made for an exchange whose answer was lost (an
-/// unknown outcome): the error, and the key and fence of the claim held as unknown, for the
-/// gateway's count and log and for reconciliation.
-#[derive(Clone, Debug)]
+/// An exchange whose answer was lost (an unknown outcome), as the proxy tells its route
+/// ([`OnLost`]): the error, and the key and fence of the claim held as unknown, for the
+/// route's count and log and for reconciliation.
+#[derive(Debug)]
 pub(crate) struct LostAnswer {
     /// What went wrong.
     pub(crate) error: Arc<ProxyError>,
@@ -489,6 +489,16 @@ pub(crate) struct ClientAddr(pub SocketAddr);
 #[derive(Clone, Debug)]
 pub(crate) struct Proxy {
     shared: Arc<ProxyShared>,
+    /// Told of every answer this proxy loses (a route's count, log and reconciliation), where
+    /// it is lost: the exchange runs to its end even when the client has gone away, and so
+    /// does this.
+    on_lost: Option<Arc<dyn OnLost>>,
+}
+
+/// What a route does with an answer its proxy lost ([`LostAnswer`]).
+pub(crate) trait OnLost: Send + Sync + std::fmt::Debug {
+    /// The upstream had the request of `lost.key` and its answer was lost.
+    fn lost(&self, lost: &LostAnswer);
 }
 
 #[derive(Debug)]
@@ -693,6 +703,17 @@ impl Proxy {
                 tracker,
                 body_errors: metrics::counter!(metric::UPSTREAM_ERRORS, "kind" => "failed"),
             }),
+            on_lost: None,
+        }
+    }
+
+    /// The same proxy (its pool and upstream shared), telling `on_lost` of every answer it
+    /// loses.
+    #[must_use]
+    pub(crate) fn reporting(&self, on_lost: Arc<dyn OnLost>) -> Self {
+        Proxy {
+            shared: self.shared.clone(),
+            on_lost: Some(on_lost),
         }
     }
 
@@ -801,11 +822,14 @@ impl Proxy {
             .head_seen(head_seen);
         parts.extensions.insert(OutcomeUnknown(outcome));
         let context = &claimed.context;
-        parts.extensions.insert(LostAnswer {
+        let lost = LostAnswer {
             error: Arc::new(error),
             key: RecordKey::new(context.scope().clone(), context.key().clone()),
             fence: context.fence(),
-        });
+        };
+        if let Some(on_lost) = &self.on_lost {
+            on_lost.lost(&lost);
+        }
         let body = UpstreamBody {
             body: None,
             first: Some(Frame::data(bytes)),

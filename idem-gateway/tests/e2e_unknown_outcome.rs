@@ -476,3 +476,31 @@ async fn a_connection_never_made_releases_the_key_even_for_an_empty_body() {
     }
     drop(socket);
 }
+
+/// A client that gives up before the gateway's `timeout` does not keep its key from being
+/// reconciled: the exchange runs on, loses its answer, and the route's reconcile settles the
+/// key, with no retry to start it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_whose_client_gave_up_first_is_still_reconciled() {
+    let upstream = EffectUpstream::start().await;
+    let extra = "[[route]]\npath = \"/\"\nreconcile = \"/by-key/{key}\"\n";
+    let mut config = config(upstream.addr, extra);
+    config.upstream.as_mut().unwrap().timeout = Duration::from_secs(1);
+    let gateway = Gateway::start(&config).await;
+    let http = Http::new();
+    let headers = [("idempotency-key", "k-gone")];
+    let url = gateway.url("/stall");
+    let send = http.try_send(Method::POST, &url, &headers, "pay 10");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), send)
+            .await
+            .is_err()
+    );
+    let settled = common::eventually(Duration::from_secs(20), || async {
+        let record = gateway.store.get(&record_key("k-gone")).await.unwrap();
+        record.is_some_and(|r| r.state == State::Completed)
+    })
+    .await;
+    assert!(settled, "the key was never reconciled");
+    assert_eq!(upstream.effects("k-gone"), 1);
+}

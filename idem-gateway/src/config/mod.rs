@@ -195,6 +195,9 @@ mod tests {
             ("/{key}/{key}", "exactly once"),
             ("/by key/{key}", "not a valid path"),
             ("/{id}/{key}", "not a valid path"),
+            ("//evil.example/{key}", "another host"),
+            ("/by-key/{key}#x", "fragment"),
+            ("/x/../by-key/{key}", "segment"),
         ] {
             let text = format!(
                 "[upstream]\nurl = \"http://127.0.0.1:3000\"\n[[route]]\npath = \"/a\"\nreconcile = {template:?}\n"

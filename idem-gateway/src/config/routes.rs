@@ -333,6 +333,23 @@ fn reconcile_template(
     if !text.starts_with('/') {
         return Err(fail("a path on the upstream starts with /"));
     }
+    if text.starts_with("//") {
+        return Err(fail(
+            "a path that starts with // reads as another host to some servers",
+        ));
+    }
+    if text.contains('#') {
+        return Err(fail("a fragment is never sent"));
+    }
+    let path = text.split('?').next().unwrap_or_default();
+    if path
+        .split('/')
+        .any(|segment| segment == "." || segment == "..")
+    {
+        return Err(fail(
+            "a . or .. segment is resolved by the upstream, not sent as written",
+        ));
+    }
     if text.matches("{key}").count() != 1 {
         return Err(fail("the template names {key} exactly once"));
     }
