@@ -17,7 +17,7 @@ use axum::routing::{MethodRouter, any, get, post};
 use axum::{Router, body::Body};
 use http::header::{self, HeaderValue};
 use http::{HeaderMap, StatusCode};
-use idem_core::{Clock, Record, ScanQuery, State, Store, SystemClock, Timestamp};
+use idem_core::{Clock, Record, RecordKey, ScanQuery, State, Store, SystemClock, Timestamp};
 use serde::Deserialize;
 
 use super::access::same;
@@ -239,12 +239,9 @@ async fn delete(
     form: Result<Form<Delete>, FormRejection>,
 ) -> Response {
     let form = form.map(|Form(form)| form).unwrap_or_default();
-    if let Err(refused) = form_allowed(&visitor, &form.csrf) {
-        return refused;
-    }
-    let key = match record_key(&form.key, &form.scope, ArgNames::PARAMS) {
+    let key = match form_key(&visitor, &form.csrf, &form.key, &form.scope) {
         Ok(key) => key,
-        Err(err) => return text(StatusCode::BAD_REQUEST, format!("{err}\n")),
+        Err(refused) => return refused,
     };
     match admin.store.delete(&key).await {
         Ok(deleted) => {
@@ -277,6 +274,20 @@ fn form_allowed(visitor: &Visitor, form_csrf: &str) -> Result<(), Response> {
     }
 }
 
+/// The record key a button's form names, once the form may change anything
+/// ([`form_allowed`]); otherwise the answer that refuses it (a bad key is 400).
+#[allow(clippy::result_large_err)]
+fn form_key(
+    visitor: &Visitor,
+    form_csrf: &str,
+    key: &str,
+    scope: &str,
+) -> Result<RecordKey, Response> {
+    form_allowed(visitor, form_csrf)?;
+    record_key(key, scope, ArgNames::PARAMS)
+        .map_err(|err| text(StatusCode::BAD_REQUEST, format!("{err}\n")))
+}
+
 /// The fields of a Release or Completed button's form.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
@@ -298,12 +309,9 @@ async fn resolve(
     form: Result<Form<Resolve>, FormRejection>,
 ) -> Response {
     let form = form.map(|Form(form)| form).unwrap_or_default();
-    if let Err(refused) = form_allowed(&visitor, &form.csrf) {
-        return refused;
-    }
-    let key = match record_key(&form.key, &form.scope, ArgNames::PARAMS) {
+    let key = match form_key(&visitor, &form.csrf, &form.key, &form.scope) {
         Ok(key) => key,
-        Err(err) => return text(StatusCode::BAD_REQUEST, format!("{err}\n")),
+        Err(refused) => return refused,
     };
     let completed = form.resolve == "completed";
     let status = match form.status.trim() {
